@@ -1,0 +1,35 @@
+# The two set-up commands: `make run` and `make test` (see README.md).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# torch is pinned and installed first: a bare `torch` requirement resolved by pip pulls a multi-GB
+# CUDA build, while 2.13.0 is the CPU build available on these machines.
+TORCH  := torch==2.13.0
+
+.PHONY: run test install install-dev lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.torch: | $(BIN)/python
+	$(BIN)/pip install --quiet $(TORCH)
+	touch $@
+
+install: $(VENV)/.torch
+	$(BIN)/pip install --quiet -e .
+
+install-dev: $(VENV)/.torch
+	$(BIN)/pip install --quiet -e '.[dev]'
+
+run: install
+	$(BIN)/geoattn quickstart
+
+lint: install-dev
+	$(BIN)/ruff check .
+
+test: install-dev
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

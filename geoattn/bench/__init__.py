@@ -1,0 +1,7 @@
+"""`geoattn bench NAME`: each module here exposes ``add_arguments(parser)`` and ``run(args) -> int``."""
+
+BENCHMARKS = {
+    "algebra": "geoattn.bench.algebra",
+    "attention": "geoattn.bench.attention",
+    "rotor": "geoattn.bench.rotor",
+}

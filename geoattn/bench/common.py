@@ -1,0 +1,111 @@
+"""Shared measurement helpers for `geoattn bench ...`: medians, peak memory, tables.
+
+Machines are noisy, so every benchmark reports medians over repeats and ratios against a peer
+measured in the same run, never absolute targets.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+def median_time(fn: Callable[[], object], *, repeats: int = 10, warmup: int = 2) -> float:
+    """Median wall time of ``fn()`` in seconds (CUDA-synchronised when a GPU is in use)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def peak_memory_bytes(fn: Callable[[], object], device: str | torch.device = "cpu") -> int:
+    """Peak memory growth while running ``fn()`` once.
+
+    On CUDA this is ``max_memory_allocated`` growth. On CPU, PyTorch's allocator does not report
+    peaks, so we sample the process's resident set in a background thread; the baseline is taken
+    right before the call, so the number is the growth caused by ``fn``.
+    """
+    device = torch.device(device)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    return _cpu_peak_rss_growth(fn)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _release_freed_memory() -> None:
+    """Hand freed heap pages back to the OS so that the RSS baseline is honest."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:  # not glibc: the baseline may then include cached pages
+        pass
+
+
+def _cpu_peak_rss_growth(fn: Callable[[], object]) -> int:
+    import threading
+
+    _release_freed_memory()
+    base = _rss_bytes()
+    peak = base
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _rss_bytes())
+            time.sleep(0.0005)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    tracemalloc.stop()  # never let Python-level tracing perturb the measurement
+    thread.start()
+    try:
+        fn()
+    finally:
+        done.set()
+        thread.join()
+    return max(peak, _rss_bytes()) - base
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A Markdown table (readable in a terminal, pasteable into BENCHMARKS.md)."""
+    cells = [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
+    sep = "| " + " | ".join("-" * w for w in widths) + " |"
+    return "\n".join([line(list(headers)), sep, *(line(r) for r in cells)])
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+
+def ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.2f}"
