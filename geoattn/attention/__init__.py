@@ -1,7 +1,10 @@
-"""Functional attention kernels: ``rt_attention`` (SPEC §1.2, §4.1) and ``rotor_attention`` (SPEC §2, §4.1)."""
+"""Functional attention kernels: ``rt_attention`` (SPEC §1.2) and ``rotor_attention`` (SPEC §2)."""
 
 # Lazy while the kernels are being written side by side; becomes plain imports once both exist.
-_EXPORTS = {"rt_attention": "geoattn.attention.rt", "rotor_attention": "geoattn.attention.rotor"}
+_EXPORTS = {
+    "rt_attention": "geoattn.attention.rt",
+    "rotor_attention": "geoattn.attention.rotor",
+}
 
 
 def __getattr__(name: str):

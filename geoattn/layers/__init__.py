@@ -1,7 +1,12 @@
-"""Neural-network modules built on the kernels.
+"""Neural-network modules built on the kernels."""
 
 # Lazy while the kernels are being written side by side; becomes plain imports once both exist.
-_EXPORTS = {"RTAttention": "geoattn.layers.rt", "RTBlock": "geoattn.layers.rt", "RotorAttention": "geoattn.layers.rotor", "GradeLayerNorm": "geoattn.layers.multivector"}
+_EXPORTS = {
+    "RTAttention": "geoattn.layers.rt",
+    "RTBlock": "geoattn.layers.rt",
+    "RotorAttention": "geoattn.layers.rotor",
+    "GradeLayerNorm": "geoattn.layers.multivector",
+}
 
 
 def __getattr__(name: str):

@@ -1,7 +1,11 @@
-"""Whole networks: language models and the RotorTransformer.
+"""Whole networks: language models and the RotorTransformer."""
 
 # Lazy while the kernels are being written side by side; becomes plain imports once both exist.
-_EXPORTS = {"RTTransformerLM": "geoattn.models.lm", "TransformerLM": "geoattn.models.lm", "RotorTransformer": "geoattn.models.rotor_transformer"}
+_EXPORTS = {
+    "RTTransformerLM": "geoattn.models.lm",
+    "TransformerLM": "geoattn.models.lm",
+    "RotorTransformer": "geoattn.models.rotor_transformer",
+}
 
 
 def __getattr__(name: str):
