@@ -1,0 +1,386 @@
+"""The one training loop for every task and model.
+
+AdamW (betas 0.9/0.95), linear warmup then cosine decay to ``min_lr``, gradient clipping, periodic
+evaluation on fixed batches, ``metrics.jsonl``, atomic checkpoints that resume exactly, Ctrl-C saves
+and stops, DDP under ``torchrun``. The task supplies data, model and metrics (``geoattn.tasks.base``).
+
+Exact resume: training batches come from one CPU generator seeded with ``seed`` and checkpointed
+with the torch/python/numpy global RNG states; evaluation batches come from their own generators,
+re-seeded at every evaluation, so evaluating never moves the training stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import signal
+import sys
+import threading
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+import geoattn
+from geoattn.tasks.base import Task
+from geoattn.training import checkpoint as ckpt
+from geoattn.training.config import TrainConfig
+from geoattn.training.distributed import DistEnv, all_reduce_mean, any_rank, barrier
+
+EVAL_SPLITS = ("train", "val")
+
+
+def cosine_lr(it: int, config: TrainConfig) -> float:
+    """Learning rate of (0-based) step ``it``: linear warmup, cosine decay to ``min_lr``, then flat."""
+    if it < config.warmup_iters:
+        return config.lr * (it + 1) / (config.warmup_iters + 1)
+    if it >= config.decay_iters:
+        return config.min_lr
+    progress = (it - config.warmup_iters) / max(1, config.decay_iters - config.warmup_iters)
+    return config.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (config.lr - config.min_lr)
+
+
+def optimizer_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """The model's own ``optim_groups`` if it has one, else weight decay on matrices (>= 2-D) only."""
+    if hasattr(model, "optim_groups"):
+        return model.optim_groups(weight_decay)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def _numpy_state() -> tuple:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached
+
+
+def _set_numpy_state(state: tuple) -> None:
+    kind, keys, pos, has_gauss, cached = state
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: nn.Module,
+    task: Task,
+    config: TrainConfig,
+    *,
+    eval_iters: int | None = None,
+    env: DistEnv | None = None,
+    device: torch.device | str = "cpu",
+    autocast=None,
+    splits: tuple[str, ...] = EVAL_SPLITS,
+) -> dict[str, float]:
+    """Mean loss per split (and the task's metrics on val) over ``eval_iters`` batches of ``batch_size``.
+
+    The batches come from a generator seeded from ``config.seed`` and the split, so every call sees
+    the same ones. Returns ``{"train_eval_loss", "val_loss", "val_<metric>", ...}``.
+    """
+    env = env or DistEnv()
+    eval_iters = eval_iters or config.eval_iters
+    was_training = model.training
+    model.eval()
+    results: dict[str, float] = {}
+    for index, split in enumerate(splits):
+        generator = torch.Generator().manual_seed(config.seed + 1 + index)
+        totals: dict[str, torch.Tensor] = {}
+        for _ in range(eval_iters):
+            x, y = task.get_batch(split, config.batch_size, generator, device)
+            x, y = env.shard(x), env.shard(y)
+            with autocast or nullcontext():
+                prediction, loss = model(x, y)
+            values = {"loss": loss.float()}
+            if split == "val":
+                for k, v in task.metrics(prediction.float(), y).items():
+                    values[k] = torch.as_tensor(v, dtype=torch.float32, device=device)
+            for k, v in values.items():
+                totals[k] = totals[k] + v if k in totals else v
+        names = list(totals)
+        means = all_reduce_mean(torch.stack([totals[k] for k in names]) / eval_iters, env)
+        prefix = "val_" if split == "val" else f"{split}_eval_"
+        results.update({prefix + k: float(v) for k, v in zip(names, means)})
+    model.train(was_training)
+    return results
+
+
+class Trainer:
+    """Trains ``task.build_model(config.model, config)`` and writes everything into ``out``.
+
+    Args:
+        config: the run's TrainConfig.
+        task: the task (data, model, metrics).
+        out: run directory (created). Nothing is written there on ranks other than 0.
+        env: this process's DDP place (default: a single process).
+        device: where the model lives (default ``config.device``).
+        verbose: print evaluation lines and show the progress bar (when stderr is a TTY).
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        task: Task,
+        out: str | Path,
+        *,
+        env: DistEnv | None = None,
+        device: torch.device | str | None = None,
+        verbose: bool = True,
+    ):
+        self.config, self.task, self.out = config, task, Path(out)
+        self.env = env or DistEnv()
+        self.device = torch.device(device or config.device)
+        self.verbose = verbose and self.env.is_main
+        if config.batch_size % self.env.world_size:
+            raise ValueError(
+                f"batch_size={config.batch_size} does not split over {self.env.world_size} ranks; "
+                f"use a multiple of {self.env.world_size}"
+            )
+        # The same seed on every rank gives identical initial weights; dropout then differs per rank.
+        torch.manual_seed(config.seed)
+        self.model = task.build_model(config.model, config).to(self.device)
+        torch.manual_seed(config.seed + self.env.rank)
+        self.ddp = DistributedDataParallel(self.model) if self.env.enabled else None
+        self.optimizer = torch.optim.AdamW(
+            optimizer_groups(self.model, config.weight_decay),
+            lr=config.lr,
+            betas=(config.beta1, config.beta2),
+        )
+        # a group may ask for a multiple of the scheduled learning rate (e.g. scale parameters)
+        self._lr_scale = [g["lr"] / config.lr for g in self.optimizer.param_groups]
+        self.data_generator = torch.Generator().manual_seed(config.seed)
+        self.iter = 0
+        self.stop_requested = False
+        self._updating = False
+        dtype = torch.bfloat16 if config.dtype == "bfloat16" else None
+        self._autocast = torch.autocast(self.device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+    # ---------------------------------------------------------------- state ----------------------
+    def run_config(self) -> dict[str, Any]:
+        """``config.json``: the TrainConfig, the model's own config, the task's meta data."""
+        model_config = getattr(self.model, "config", None)
+        is_config = dataclasses.is_dataclass(model_config) and not isinstance(model_config, type)
+        model_dict = dataclasses.asdict(model_config) if is_config else None
+        return {
+            "geoattn_version": geoattn.__version__,
+            "train": self.config.to_dict(),
+            "model": model_dict,
+            "task": self.task.meta(),
+            "world_size": self.env.world_size,
+        }
+
+    def _rng_state(self) -> dict[str, Any]:
+        return {
+            "data": self.data_generator.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "python": random.getstate(),
+            "numpy": _numpy_state(),
+        }
+
+    def _set_rng_state(self, rng: dict[str, Any]) -> None:
+        self.data_generator.set_state(rng["data"])
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        random.setstate(rng["python"])
+        _set_numpy_state(rng["numpy"])
+
+    def save(self, rng: dict[str, Any] | None = None) -> None:
+        """Checkpoint at ``self.iter`` (rank 0 writes; every rank waits for it)."""
+        rngs = self._gather(rng or self._rng_state())
+        if self.env.is_main:
+            state = {
+                "iter": self.iter,
+                "optimizer": self.optimizer.state_dict(),
+                "rng": rngs,
+                "world_size": self.env.world_size,
+            }
+            ckpt.save_checkpoint(self.out, self.model, state, self.run_config())
+        barrier(self.env)
+
+    def _gather(self, rng: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every rank's RNG states (dropout differs per rank), in rank order."""
+        if not self.env.enabled:
+            return [rng]
+        import torch.distributed as dist
+
+        states: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(states, rng)
+        return states
+
+    def resume(self) -> None:
+        """Continue from the checkpoint in ``out``: weights, optimiser, iteration, RNG states, metrics."""
+        weights_iter = ckpt.load_weights(self.out, self.model, self.device)
+        state = ckpt.load_trainer_state(self.out)
+        if weights_iter != state["iter"]:
+            raise ckpt.CheckpointError(
+                f"checkpoint in {self.out} is inconsistent: weights at iter {weights_iter}, "
+                f"trainer state at iter {state['iter']}"
+            )
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError) as err:
+            raise ckpt.CheckpointError(
+                f"optimiser state in {self.out} does not match the model ({err})"
+            ) from None
+        rngs = state["rng"]
+        self._set_rng_state(rngs[self.env.rank] if self.env.rank < len(rngs) else rngs[0])
+        self.iter = int(state["iter"])
+        if self.env.is_main:
+            self._truncate_metrics(self.iter)
+
+    def _truncate_metrics(self, last_iter: int) -> None:
+        """Drop metrics lines written after the checkpoint, so the resumed file equals an unbroken run's."""
+        path = self.out / ckpt.METRICS_FILE
+        if not path.exists():
+            return
+        kept = [
+            line for line in path.read_text().splitlines() if line and json.loads(line)["iter"] <= last_iter
+        ]
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)
+
+    # ---------------------------------------------------------------- evaluation -----------------
+    def evaluate(self, eval_iters: int | None = None) -> dict[str, float]:
+        """:func:`evaluate_model` of this run (all ranks take part; the result is the global mean)."""
+        return evaluate_model(
+            self.model,
+            self.task,
+            self.config,
+            eval_iters=eval_iters,
+            env=self.env,
+            device=self.device,
+            autocast=self._autocast,
+        )
+
+    # ---------------------------------------------------------------- training -------------------
+    def _request_stop(self, signum, frame) -> None:
+        if self.stop_requested:  # a second Ctrl-C aborts at once
+            raise KeyboardInterrupt
+        self.stop_requested = True
+        if self.env.is_main:
+            print("\ngeoattn: stopping after this iteration (Ctrl-C again to abort)", file=sys.stderr)
+
+    def train(self) -> dict[str, Any]:
+        """Run to ``max_iters`` (or until Ctrl-C). Returns the last evaluation plus ``iter``,
+        ``interrupted`` and ``wall_s``."""
+        config = self.config
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.env.is_main:
+            ckpt.write_config(self.out, self.run_config())
+        metrics = open(self.out / ckpt.METRICS_FILE, "a") if self.env.is_main else None
+        handler_installed = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, self._request_stop) if handler_installed else None
+        bar = tqdm(
+            total=config.max_iters,
+            initial=self.iter,
+            file=sys.stderr,
+            disable=not (self.verbose and sys.stderr.isatty()),
+            dynamic_ncols=True,
+        )
+        last_eval: dict[str, Any] = {}
+        start = time.perf_counter()
+        interrupted = False
+        try:
+            while self.iter < config.max_iters:
+                rng_before = self._rng_state()
+                try:
+                    record = self._step()
+                except KeyboardInterrupt:
+                    if self._updating:  # weights half-updated: keep the last saved checkpoint
+                        raise
+                    # Only the forward/backward ran: weights are untouched, so rewind the RNGs and
+                    # save at the last completed iteration.
+                    self._set_rng_state(rng_before)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    interrupted = True
+                    break
+                if self.iter % config.eval_interval == 0 or self.iter == config.max_iters:
+                    last_eval = self.evaluate()
+                    record.update(last_eval)
+                    self.save()
+                    if self.verbose:
+                        bar.write(self._eval_line(record), file=sys.stderr)
+                if metrics is not None and (self.iter % config.log_interval == 0 or "val_loss" in last_eval):
+                    metrics.write(json.dumps(record) + "\n")
+                    metrics.flush()
+                bar.update(1)
+                bar.set_postfix(loss=f"{record['train_loss']:.4f}", refresh=False)
+                last_eval = {}
+                if any_rank(self.stop_requested, self.env, self.device):
+                    interrupted = True
+                    break
+        finally:
+            bar.close()
+            if metrics is not None:
+                metrics.close()
+            if handler_installed:
+                signal.signal(signal.SIGINT, previous)
+        if interrupted:
+            self.save()
+        wall = time.perf_counter() - start
+        result = self._final_metrics()
+        result.update(iter=self.iter, interrupted=interrupted, wall_s=wall)
+        return result
+
+    def _step(self) -> dict[str, Any]:
+        """One optimiser step; the metrics.jsonl record of it (no evaluation yet)."""
+        config = self.config
+        t0 = time.perf_counter()
+        lr = cosine_lr(self.iter, config)
+        for group, scale in zip(self.optimizer.param_groups, self._lr_scale):
+            group["lr"] = lr * scale
+        x, y = self.task.get_batch("train", config.batch_size, self.data_generator, self.device)
+        n_targets = y.numel() if not y.is_floating_point() else y.shape[0]
+        x, y = self.env.shard(x), self.env.shard(y)
+        model = self.ddp or self.model
+        with self._autocast:
+            _, loss = model(x, y)
+        loss.backward()
+        if config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
+        self._updating = True
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if hasattr(self.model, "normalize_weights"):
+            self.model.normalize_weights()
+        self.iter += 1
+        self._updating = False
+        train_loss = float(all_reduce_mean(loss.detach().float(), self.env))
+        elapsed = time.perf_counter() - t0
+        rate_key = "tokens_per_s" if not y.is_floating_point() else "samples_per_s"
+        return {
+            "iter": self.iter,
+            "train_loss": train_loss,
+            "val_loss": None,
+            "lr": lr,
+            rate_key: n_targets / elapsed,
+        }
+
+    def _final_metrics(self) -> dict[str, Any]:
+        path = self.out / ckpt.METRICS_FILE
+        if not self.env.is_main or not path.exists():
+            return {}
+        evaluated = [
+            r for r in map(json.loads, path.read_text().splitlines()) if r.get("val_loss") is not None
+        ]
+        return dict(evaluated[-1]) if evaluated else {}
+
+    def _eval_line(self, record: dict[str, Any]) -> str:
+        extras = "  ".join(
+            f"{k} {v:.4g}" for k, v in record.items() if k.startswith("val_") and k != "val_loss"
+        )
+        return (
+            f"iter {record['iter']}/{self.config.max_iters}  train {record['train_eval_loss']:.4f}  "
+            f"val {record['val_loss']:.4f}  lr {record['lr']:.2e}  {extras}".rstrip()
+        )
