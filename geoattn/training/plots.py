@@ -80,7 +80,7 @@ def rt_precision(out: Path, model: nn.Module) -> Path | None:
     layer = next((m for m in model.modules() if hasattr(m, "precision_parameters")), None)
     if layer is None:
         return None
-    from geoattn.rt.precision import process_variance
+    from geoattn.rt.precision import rt_noise_variance
 
     params = {k: v.detach().float().cpu() for k, v in layer.precision_parameters().items()}
     plt = _pyplot()
@@ -89,8 +89,8 @@ def rt_precision(out: Path, model: nn.Module) -> Path | None:
     fig, (ax_m, ax_t) = plt.subplots(1, 2, figsize=(10, 4))
     for h in range(params["mu_r"].shape[0]):
         head = {k: params[k][h] for k in ("mu_r", "sigma_t2", "eta_t2")}
-        ax_m.plot(m, m**2 / process_variance(torch.ones(()), **head), label=f"head {h}")
-        ax_t.plot(dt, 1.0 / process_variance(dt, **head), label=f"head {h}")
+        ax_m.plot(m, m**2 / rt_noise_variance(torch.ones(()), **head), label=f"head {h}")
+        ax_t.plot(dt, 1.0 / rt_noise_variance(dt, **head), label=f"head {h}")
     ax_m.set(xlabel="key magnitude m = |k|", ylabel="κ at Δt = 1", title="precision vs key magnitude")
     ax_t.set(xlabel="Δt (tokens)", ylabel="κ at m = 1", yscale="log", title="precision vs Δt")
     ax_m.legend(fontsize=7)
