@@ -1,0 +1,419 @@
+"""RT-Filter attention and the RT block (SPEC §1.2–§1.3), and isotropic RFA attention (SPEC §1.4).
+
+``RTAttention`` is the module around the functional kernel ``geoattn.attention.rt.rt_attention``:
+projections, the constrained per-head filter parameters and the ablation switches. ``RTBlock`` is the
+hypersphere block of ``geoattn.layers.transformer`` (tangent correction, retraction or geodesic step,
+nGPT-style scales) around it. ``RFAAttention`` is the Euclidean, isotropic predecessor (RFA, arXiv
+2509.04154) with its own reference and chunked kernels (``rfa_attention``).
+
+Shapes: ``B`` batch, ``T`` tokens, ``C`` model width, ``H`` heads, ``D = C / H`` head width.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from geoattn.algebra.rotation import rope_angles, rope_frequencies, rotate_pairs
+from geoattn.attention.rt import rt_attention
+from geoattn.layers.transformer import (
+    NormalizedSwiGLU,
+    ScaledVector,
+    SphereBlock,
+    check_input,
+    default_positions,
+    merge_heads,
+    normalize_,
+    split_heads,
+)
+from geoattn.rt.precision import rfa_precision
+
+
+def _check_heads(n_embd: int, n_head: int) -> int:
+    if n_head <= 0 or n_embd % n_head:
+        raise ValueError(f"n_embd={n_embd} is not a multiple of n_head={n_head}")
+    head_dim = n_embd // n_head
+    if head_dim % 2:
+        raise ValueError(f"head dimension n_embd/n_head = {head_dim} must be even (rotations act on pairs)")
+    return head_dim
+
+
+def filter_windows(n_head: int, window: tuple[float, float]) -> Tensor:
+    """Per-head memory lengths ``(H,)``, geometric from ``window[0]`` to ``window[1]`` tokens."""
+    w_min, w_max = window
+    if not 0 < w_min <= w_max:
+        raise ValueError(f"window must satisfy 0 < window[0] <= window[1], got {window}")
+    if n_head == 1:
+        return torch.tensor([math.sqrt(w_min * w_max)])
+    return w_min * (w_max / w_min) ** (torch.arange(n_head, dtype=torch.float64) / (n_head - 1))
+
+
+def _init_omega(omega_init: Tensor | None, n_head: int, head_dim: int, rope_base: float) -> Tensor:
+    if omega_init is None:
+        return rope_frequencies(head_dim, n_head, rope_base)
+    if omega_init.shape != (n_head, head_dim // 2):
+        raise ValueError(
+            f"omega_init has shape {tuple(omega_init.shape)}, expected ({n_head}, {head_dim // 2})"
+        )
+    if not torch.isfinite(omega_init).all():
+        raise ValueError("omega_init must be finite")
+    return omega_init.detach().float().clone()
+
+
+class RTAttention(nn.Module):
+    """RT-Filter attention (SPEC §1.2): ``forward(x (B, T, C), positions (T,) | (B, T) | None) -> (B, T, C)``.
+
+    Q/K/V/O projections without bias feed ``rt_attention``. Per head the filter parameters are stored
+    as logarithms and used as ``exp`` (so ``μ_r, σ_t², η_t², β > 0``); ``precision_parameters()``
+    returns the constrained ``(H,)`` tensors.
+
+    Initialisation (a low-pass filter): head ``h`` gets a memory length ``W_h`` geometric in
+    ``window`` (default 4 … 256 tokens), ``μ_r = 1/(2 W_h)``, ``η_t² = 1`` and ``σ_t² = 2 μ_r η_t²``, so
+    ``c(Δt) = e^{Δt/W_h}`` exactly: a key's precision ``κ = m²·e^{−Δt/W_h}`` halves every ``W_h·ln 2``
+    tokens, and ``log κ`` acts as an ALiBi-like recency bias of slope ``1/W_h``. ``β = sqrt(D)`` (or
+    ``beta_init``): at ``κ = 1`` the logit is nGPT's ``sqrt(D)·cos`` up to a per-key constant.
+    ω starts at the RoPE spectrum (``omega_init`` to override), learnable if ``learn_omega``.
+
+    Mapping of nGPT's parameterisation onto the kernel: the kernel normalises q and k, so the
+    per-dimension scale ``s_qk`` (init 1, stored with scale ``1/sqrt(C)``) acts on directions only
+    (a learned diagonal metric, applied before the rotation, so logits stay relative-position), and
+    the overall logit scale that nGPT keeps in ``s_qk²·sqrt(D)`` is ``β``. The key magnitude is
+    measured as ``|k|·sqrt(C/D)``: a unit-norm input through unit-norm weight rows (the RT block's
+    regime) gives ``|k|² ≈ D/C``, so magnitudes and ``κ`` start near 1.
+
+    Switches (SPEC §1.3.4):
+        magnitude_precision: False → keys are normalised before the kernel, so ``κ = 1/c(Δt)``
+            ignores ``|k_j|`` (the output is invariant to rescaling key projections).
+        process_noise: False → ``σ_t² ≡ 0``: ``κ_j = m_j²/η_t²`` has no Δt dependence (no recency
+            decay; ``μ_r`` then has no effect) and the kernel takes its separable SDPA path.
+        qkv_norm: False → ``normalize_values=False``: the kernel averages raw values ``R(Δt) v_j``
+            instead of unit values (q, k stay normalised: their directions are the measurement and
+            ``|k_j|`` the precision, which the kernel needs either way).
+        rotation: False → no transport rotation (ω = None).
+    """
+
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        *,
+        causal: bool = True,
+        magnitude_precision: bool = True,
+        process_noise: bool = True,
+        qkv_norm: bool = True,
+        rotation: bool = True,
+        learn_omega: bool = False,
+        omega_init: Tensor | None = None,
+        rope_base: float = 10000.0,
+        window: tuple[float, float] = (4.0, 256.0),
+        beta_init: float | None = None,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        self.head_dim = _check_heads(n_embd, n_head)
+        if beta_init is not None and not beta_init > 0:
+            raise ValueError(f"beta_init must be positive, got {beta_init}")
+        self.n_embd, self.n_head, self.causal, self.backend = n_embd, n_head, causal, backend
+        self.magnitude_precision, self.process_noise, self.qkv_norm = (
+            magnitude_precision,
+            process_noise,
+            qkv_norm,
+        )
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=False)
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=False)
+        self.s_qk = ScaledVector(n_embd, 1.0, n_embd**-0.5)
+        self.key_scale = math.sqrt(n_head)  # sqrt(C / D)
+
+        w = filter_windows(n_head, window)
+        mu_r = 1.0 / (2.0 * w)
+        eta_t2 = torch.ones(n_head, dtype=torch.float64)
+        beta = torch.full((n_head,), beta_init or math.sqrt(self.head_dim), dtype=torch.float64)
+        self.log_mu_r = nn.Parameter(mu_r.log().float())
+        self.log_sigma_t2 = nn.Parameter((2.0 * mu_r * eta_t2).log().float())
+        self.log_eta_t2 = nn.Parameter(eta_t2.log().float())
+        self.log_beta = nn.Parameter(beta.log().float())
+
+        if not rotation:
+            if omega_init is not None or learn_omega:
+                raise ValueError("rotation=False takes neither omega_init nor learn_omega")
+            self.omega = None
+        elif learn_omega:
+            self.omega = nn.Parameter(_init_omega(omega_init, n_head, self.head_dim, rope_base))
+        else:
+            self.register_buffer("omega", _init_omega(omega_init, n_head, self.head_dim, rope_base))
+
+    def precision_parameters(self) -> dict[str, Tensor]:
+        """The constrained kernel parameters ``mu_r, sigma_t2, eta_t2, beta``, each ``(H,)``."""
+        sigma_t2 = self.log_sigma_t2.exp()
+        return {
+            "mu_r": self.log_mu_r.exp(),
+            "sigma_t2": sigma_t2 if self.process_noise else torch.zeros_like(sigma_t2),
+            "eta_t2": self.log_eta_t2.exp(),
+            "beta": self.log_beta.exp(),
+        }
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        check_input(x, self.n_embd)
+        q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).split(self.n_embd, dim=-1))
+        s_qk = self.s_qk().view(self.n_head, 1, self.head_dim)  # (H, 1, D)
+        k_dir = F.normalize(k * s_qk, dim=-1)
+        if self.magnitude_precision:
+            k_dir = k_dir * (torch.linalg.vector_norm(k, dim=-1, keepdim=True) * self.key_scale)
+        return q * s_qk, k_dir, v  # (B, H, T, D); the kernel normalises q (and v if qkv_norm)
+
+    def _kernel(self, x: Tensor, positions: Tensor | None, backend: str, return_weights: bool):
+        q, k, v = self._qkv(x)
+        if positions is not None:
+            positions = default_positions(x, positions)
+        return rt_attention(
+            q,
+            k,
+            v,
+            **self.precision_parameters(),
+            omega=self.omega,
+            positions=positions,
+            causal=self.causal,
+            backend=backend,
+            return_weights=return_weights,
+            normalize_values=self.qkv_norm,
+        )
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        y = self._kernel(x, positions, self.backend, False)  # (B, H, T, D)
+        return self.c_proj(merge_heads(y))
+
+    def attention_weights(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """The RT attention weights ``(B, H, T, T)`` via the reference kernel (for plots)."""
+        return self._kernel(x, positions, "reference", True)[1]
+
+    def normalize_weights(self) -> None:
+        """Unit-norm weights along the embedding axis (rows of c_attn, columns of c_proj)."""
+        normalize_(self.c_attn.weight, dim=1)
+        normalize_(self.c_proj.weight, dim=0)
+
+
+class RTBlock(SphereBlock):
+    """The RT block (SPEC §1.3): ``forward(h (B, T, C) unit rows, positions) -> (B, T, C)`` unit rows.
+
+    Per sublayer: ``o`` = sublayer output, normalised (nGPT); tangent-space correction
+    ``o ← o − ⟨o, h⟩h`` (switch ``tangent_correction``; off: nGPT's ``o − h``); then
+    ``h ← normalize(h + α⊙o)`` or the exact geodesic step (``step="geodesic"``). ``α`` per channel,
+    init ``alpha_init``, stored nGPT-style with scale ``1/sqrt(C)``. ``mlp`` is ``"swiglu"`` (nGPT's
+    SwiGLU with scales ``s_u, s_v``), an ``nn.Module``, or None for an attention-only filter.
+    Remaining keyword arguments go to :class:`RTAttention`.
+    """
+
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        *,
+        mlp: str | nn.Module | None = "swiglu",
+        mlp_hidden: int | None = None,
+        alpha_init: float = 0.05,
+        tangent_correction: bool = True,
+        step: str = "retraction",
+        **attention_kwargs,
+    ):
+        if isinstance(mlp, str):
+            if mlp != "swiglu":
+                raise ValueError(f"RTBlock mlp must be 'swiglu', a module or None, got {mlp!r}")
+            mlp = NormalizedSwiGLU(n_embd, mlp_hidden)
+        super().__init__(
+            RTAttention(n_embd, n_head, **attention_kwargs),
+            mlp,
+            n_embd,
+            alpha_init=alpha_init,
+            tangent_correction=tangent_correction,
+            step=step,
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# Isotropic Robust Filter Attention (RFA)
+
+RFA_BACKENDS = ("auto", "reference", "chunked")
+
+
+def _rfa_block(q, k, v_rot, qq, kk, t_q, t_k, mu, sigma2, eta2, gamma2, beta, causal, start):
+    """Logits, weights and the weighted, decayed value sum for one query block starting at index ``start``.
+
+    ``q`` ``(B, H, c, D)`` and ``k`` ``(B, H, M, D)`` already rotated to frame 0; ``v_rot`` ``(B, H, M, D)``;
+    ``qq``/``kk`` squared norms ``(B, H, c, 1)``/``(B, H, 1, M)``; ``t_q`` ``(B|1, 1, c, 1)``, ``t_k``
+    ``(B|1, 1, 1, M)``. Returns ``(o (B, H, c, D), A (B, H, c, M))``.
+    """
+    dt = (t_q - t_k).abs()
+    decay = torch.exp(-mu * dt)  # E = e^{−μ|Δt|}
+    precision = rfa_precision(dt, mu, sigma2, eta2, gamma2)
+    r2 = qq + decay**2 * kk - 2 * decay * (q @ k.transpose(-2, -1))  # |q − E R k|²
+    logits = precision.log() - beta * precision * r2
+    if causal:  # by token index, as rt_attention and SDPA, whatever the times
+        q_idx = torch.arange(start, start + q.shape[-2], device=q.device)[:, None]
+        logits = logits.masked_fill(torch.arange(k.shape[-2], device=q.device) > q_idx, float("-inf"))
+    a = logits.softmax(dim=-1)
+    return (a * decay) @ v_rot, a
+
+
+def rfa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mu: Tensor,
+    sigma2: Tensor,
+    eta2: Tensor,
+    gamma2: Tensor,
+    beta: Tensor,
+    omega: Tensor | None = None,
+    positions: Tensor | None = None,
+    causal: bool = True,
+    backend: str = "auto",
+    chunk_size: int = 128,
+    return_weights: bool = False,
+):
+    """Isotropic Robust Filter Attention (RFA, Gaussian weights), SPEC §1.4.
+
+    With ``Δt = t_i − t_j``, ``E_ij = e^{−μ|Δt|}``, ``R`` the pair rotation by ``ω·Δt``:
+    ``logit_ij = log P_ij − β P_ij |q_i − E_ij R(Δt) k_j|²`` with
+    ``1/P = σ²(1 − e^{−2μ|Δt|})/(2μ) + η² e^{−2μ|Δt|} + γ²``; softmax over ``j`` (``j ≤ i`` if causal);
+    ``o_i = Σ_j A_ij E_ij R(Δt) v_j`` (the transported, decayed values). q, k, v are raw (not normalised).
+
+    Args:
+        q, k, v: ``(B, H, N, D)``, D even.
+        mu, sigma2, eta2, gamma2, beta: ``(H,)``, constrained (μ > 0, σ² ≥ 0, η² > 0, γ² ≥ 0, β > 0).
+        omega: ``(H, D/2)`` or None (no rotation). positions: ``(N,)`` or ``(B, N)``, default ``arange(N)``.
+        backend: ``"reference"`` (explicit ``N×N``, returns weights if asked), ``"chunked"``/``"auto"``
+            (query blocks of ``chunk_size`` with recomputing backward: ``chunk × N`` memory, never ``N×N``).
+
+    Returns:
+        ``o`` ``(B, H, N, D)``, and ``A`` ``(B, H, N, N)`` with ``backend="reference", return_weights=True``.
+    """
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(
+            "q, k, v must share one shape (B, H, N, D); "
+            f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    B, H, N, D = q.shape
+    if D % 2:
+        raise ValueError(f"head dimension D={D} must be even")
+    for name, p, positive in (
+        ("mu", mu, True),
+        ("sigma2", sigma2, False),
+        ("eta2", eta2, True),
+        ("gamma2", gamma2, False),
+        ("beta", beta, True),
+    ):
+        if p.shape != (H,):
+            raise ValueError(f"{name} has shape {tuple(p.shape)}, expected ({H},)")
+        if (p <= 0).any() if positive else (p < 0).any():
+            raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {p.tolist()}")
+    if backend not in RFA_BACKENDS:
+        raise ValueError(f"backend must be one of {RFA_BACKENDS}, got {backend!r}")
+    if return_weights and backend != "reference":
+        raise ValueError("return_weights=True needs backend='reference'")
+    if positions is None:
+        positions = torch.arange(N, device=q.device, dtype=q.dtype)
+    if positions.shape not in ((N,), (B, N)):
+        raise ValueError(f"positions has shape {tuple(positions.shape)}, expected ({N},) or ({B}, {N})")
+    t = (positions if positions.dim() == 2 else positions.unsqueeze(0)).to(q.dtype)  # (B|1, N)
+    if omega is not None:
+        if omega.shape != (H, D // 2):
+            raise ValueError(f"omega has shape {tuple(omega.shape)}, expected ({H}, {D // 2})")
+        back = rope_angles(-t, omega.to(q.dtype))  # R(−t): every vector to frame 0
+        q, k, v = rotate_pairs(q, back), rotate_pairs(k, back), rotate_pairs(v, back)
+    params = [p.to(q.dtype).view(H, 1, 1) for p in (mu, sigma2, eta2, gamma2, beta)]
+    qq = (q * q).sum(-1, keepdim=True)  # (B, H, N, 1)
+    kk = (k * k).sum(-1).unsqueeze(-2)  # (B, H, 1, N)
+    t_q, t_k = t[:, None, :, None], t[:, None, None, :]
+
+    if backend == "reference":
+        o, a = _rfa_block(q, k, v, qq, kk, t_q, t_k, *params, causal, 0)
+    else:
+        outs = []
+        for s in range(0, N, chunk_size):
+            e = min(s + chunk_size, N)
+            m = e if causal else N  # causal: keys after the block's last query never count
+            args = (q[:, :, s:e], k[:, :, :m], v[:, :, :m], qq[:, :, s:e], kk[..., :m])
+            args += (t_q[:, :, s:e], t_k[..., :m], *params, causal, s)
+            if torch.is_grad_enabled():
+                outs.append(checkpoint(lambda *a_: _rfa_block(*a_)[0], *args, use_reentrant=False))
+            else:
+                outs.append(_rfa_block(*args)[0])
+        o = torch.cat(outs, dim=2)
+    if omega is not None:
+        o = rotate_pairs(o, rope_angles(t, omega.to(q.dtype)))  # back to each query's frame: R(t_i)
+    return (o, a) if return_weights else o
+
+
+class RFAAttention(nn.Module):
+    """Isotropic RFA as a drop-in for softmax attention: ``(x (B, T, C), positions) -> (B, T, C)``.
+
+    Per-head parameters stored as logarithms (``exp`` constraint). Initialisation mirrors
+    ``RTAttention``: memory length ``W_h`` geometric in ``window``, ``μ = 1/(2 W_h)`` (values and keys
+    decay by ``e^{−Δt/(2W_h)}``), ``η² = 1``, ``σ² = 6 μ η²`` (the variance grows from ``η²`` to ``3 η²``),
+    ``γ² = 0.01``, ``β = 1/(2 sqrt(D))`` so that at ``P = E = 1`` the cross term of the residual is
+    standard attention's ``⟨q, k⟩/sqrt(D)``. Rotation ω: the RoPE spectrum (fixed) or none.
+    """
+
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        *,
+        causal: bool = True,
+        rotation: bool = True,
+        rope_base: float = 10000.0,
+        window: tuple[float, float] = (4.0, 256.0),
+        backend: str = "auto",
+        chunk_size: int = 128,
+    ):
+        super().__init__()
+        self.head_dim = _check_heads(n_embd, n_head)
+        self.n_embd, self.n_head, self.causal = n_embd, n_head, causal
+        self.backend, self.chunk_size = backend, chunk_size
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=False)
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=False)
+        mu = 1.0 / (2.0 * filter_windows(n_head, window))
+        self.log_mu = nn.Parameter(mu.log().float())
+        self.log_sigma2 = nn.Parameter((6.0 * mu).log().float())
+        self.log_eta2 = nn.Parameter(torch.zeros(n_head))
+        self.log_gamma2 = nn.Parameter(torch.full((n_head,), math.log(0.01)))
+        self.log_beta = nn.Parameter(torch.full((n_head,), -math.log(2 * math.sqrt(self.head_dim))))
+        if rotation:
+            self.register_buffer("omega", rope_frequencies(self.head_dim, n_head, rope_base))
+        else:
+            self.omega = None
+
+    def precision_parameters(self) -> dict[str, Tensor]:
+        """The constrained parameters ``mu, sigma2, eta2, gamma2, beta``, each ``(H,)``."""
+        names = ("mu", "sigma2", "eta2", "gamma2", "beta")
+        return {n: getattr(self, f"log_{n}").exp() for n in names}
+
+    def _kernel(self, x: Tensor, positions: Tensor | None, backend: str, return_weights: bool):
+        check_input(x, self.n_embd)
+        if positions is not None:
+            positions = default_positions(x, positions)
+        q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).split(self.n_embd, dim=-1))
+        return rfa_attention(
+            q,
+            k,
+            v,
+            **self.precision_parameters(),
+            omega=self.omega,
+            positions=positions,
+            causal=self.causal,
+            backend=backend,
+            chunk_size=self.chunk_size,
+            return_weights=return_weights,
+        )
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        return self.c_proj(merge_heads(self._kernel(x, positions, self.backend, False)))
+
+    def attention_weights(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """The RFA weights ``(B, H, T, T)`` via the reference kernel (for plots)."""
+        return self._kernel(x, positions, "reference", True)[1]

@@ -1,0 +1,418 @@
+"""Language models and sequence backbones: GPT, nGPT, RT-Transformer and isotropic RFA (SPEC §1.3–§1.6).
+
+One config (``LMConfig``), one backbone per model name (``build_backbone``), and one language model
+around it: token embedding → backbone ``(B, T, C) -> (B, T, C)`` → tied output head. The backbones are
+what the non-LM tasks use (the filter task regresses directions, the nbody baseline is a bidirectional
+transformer over bodies).
+
+| name | residual stream | attention |
+| --- | --- | --- |
+| ``transformer`` | pre-norm GPT, tied embeddings | softmax, RoPE (or nanoGPT's learned positions) |
+| ``rfa`` | pre-norm GPT | isotropic Robust Filter Attention (``RFAAttention``) |
+| ``ngpt`` | unit sphere (nGPT) | unit q, k, logit scale sqrt(D), RoPE |
+| ``rt`` | unit sphere, tangent correction + retraction | RT-Filter attention (``RTAttention``) |
+
+The hypersphere models (``ngpt``, ``rt``) use nGPT's parameterisation (SPEC §1.6): scales stored as
+init/scale, a learned logit scale ``s_z``, weights renormalised along the embedding axis after every
+optimiser step (:meth:`normalize_weights`, called by the trainer) and no weight decay
+(:meth:`optim_groups`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from geoattn.layers.rt import RFAAttention, RTBlock
+from geoattn.layers.transformer import (
+    STEPS,
+    Block,
+    CausalSelfAttention,
+    NGPTAttention,
+    NormalizedSwiGLU,
+    ScaledVector,
+    SphereBlock,
+    check_input,
+    make_mlp,
+    make_norm,
+    normalize_,
+)
+
+MODELS = ("transformer", "rt", "rfa", "ngpt")
+SPHERE_MODELS = ("rt", "ngpt")
+
+
+@dataclass
+class LMConfig:
+    """Every knob of the four models; defaults are nanoGPT's CPU recipe with RoPE and SwiGLU.
+
+    Shared fields:
+        vocab_size, block_size: vocabulary and training context (tinyshakespeare chars: 65, 64).
+        n_layer, n_head, n_embd: depth, heads, width (``n_embd / n_head`` must be even).
+        dropout: on attention weights (SDPA paths) and sublayer outputs.
+        mlp: ``"swiglu"`` (parameter-matched to 4× GELU), ``"gelu"`` (nanoGPT's 4× MLP; GPT and RFA
+            only) or ``None`` (attention-only blocks, e.g. a pure filter).
+        mlp_hidden: MLP width; None → 340 at C=128 for SwiGLU (≈ 8/3·C), 4·C for GELU.
+        pos: ``"rope"`` (RT/RFA: rotation frequencies ω initialised to the RoPE spectrum), ``"learned"``
+            (nanoGPT's absolute positions, ``transformer`` only, cannot run beyond ``block_size``) or
+            ``"none"`` (no rotation).
+        rope_base: RoPE base of the spectrum ``base^(−2k/D)``.
+        causal: causal attention (False for set-like inputs such as n-body).
+        norm: ``"layernorm"`` (nanoGPT, bias-free) or ``"rmsnorm"``; pre-norm models only.
+
+    Hypersphere fields (``rt``; ``alpha_init``, ``step`` and ``tangent_correction`` also ``ngpt``):
+        magnitude_precision: key magnitudes set the precision κ_j ∝ |k_j|² (False: unit keys).
+        qkv_norm: the kernel normalises values too (False: raw values are averaged; q, k stay unit).
+        tangent_correction: step along ``o − ⟨o,h⟩h`` (False: nGPT's ``o − h``).
+        process_noise: σ_t² learned (False: σ_t² ≡ 0, no recency decay, the separable SDPA path).
+        learn_omega: learn the rotation frequencies ω (else fixed at the RoPE spectrum).
+        step: ``"retraction"`` or ``"geodesic"`` residual update on the sphere.
+        alpha_init: initial per-channel step size α (nGPT: 0.05).
+        rt_backend: ``rt_attention`` backend (``"auto"`` or ``"reference"``).
+    """
+
+    vocab_size: int = 65
+    block_size: int = 64
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    mlp: str | None = "swiglu"
+    mlp_hidden: int | None = None
+    pos: str = "rope"
+    rope_base: float = 10000.0
+    causal: bool = True
+    norm: str = "layernorm"
+    magnitude_precision: bool = True
+    qkv_norm: bool = True
+    tangent_correction: bool = True
+    process_noise: bool = True
+    learn_omega: bool = False
+    step: str = "retraction"
+    alpha_init: float = 0.05
+    rt_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"LMConfig.{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"LMConfig.n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
+        if (self.n_embd // self.n_head) % 2:
+            raise ValueError(
+                f"LMConfig: head dimension n_embd/n_head = {self.n_embd // self.n_head} must be even "
+                "(rotations act on coordinate pairs)"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LMConfig.dropout must be in [0, 1), got {self.dropout}")
+        if self.mlp not in ("swiglu", "gelu", None):
+            raise ValueError(f"LMConfig.mlp must be 'swiglu', 'gelu' or None, got {self.mlp!r}")
+        if self.mlp_hidden is not None and self.mlp_hidden <= 0:
+            raise ValueError(f"LMConfig.mlp_hidden must be positive or None, got {self.mlp_hidden}")
+        if self.pos not in ("rope", "learned", "none"):
+            raise ValueError(f"LMConfig.pos must be 'rope', 'learned' or 'none', got {self.pos!r}")
+        if self.rope_base <= 0:
+            raise ValueError(f"LMConfig.rope_base must be positive, got {self.rope_base}")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"LMConfig.norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
+        if self.step not in STEPS:
+            raise ValueError(f"LMConfig.step must be one of {STEPS}, got {self.step!r}")
+        if self.alpha_init <= 0:
+            raise ValueError(f"LMConfig.alpha_init must be positive, got {self.alpha_init}")
+        if self.rt_backend not in ("auto", "reference"):
+            raise ValueError(f"LMConfig.rt_backend must be 'auto' or 'reference', got {self.rt_backend!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def to_dict(self) -> dict:
+        """Plain JSON-serialisable fields (saved next to every checkpoint)."""
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------------
+# Backbones
+
+
+class Backbone(nn.Module):
+    """A stack of blocks: ``forward(x (B, T, C), positions (T,) | (B, T) | None) -> (B, T, C)``.
+
+    Pre-norm backbones end with a final norm; hypersphere backbones project ``x`` onto the unit
+    sphere first and return unit rows. ``pos="learned"`` adds nanoGPT's absolute position table.
+    """
+
+    def __init__(self, config: LMConfig, blocks: list[nn.Module], *, sphere: bool):
+        super().__init__()
+        self.config, self.sphere = config, sphere
+        self.blocks = nn.ModuleList(blocks)
+        self.ln_f = None if sphere else make_norm(config.norm, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.pos == "learned" else None
+
+    def _prepare(self, x: Tensor, positions: Tensor | None) -> Tensor:
+        check_input(x, self.config.n_embd)
+        if self.wpe is not None:
+            T = x.shape[1]
+            if positions is not None:
+                raise ValueError("pos='learned' indexes a position table; positions must be None")
+            if T > self.config.block_size:
+                raise ValueError(
+                    f"pos='learned' has no embedding beyond block_size={self.config.block_size} (got T={T}); "
+                    "use pos='rope' for length extrapolation"
+                )
+            x = x + self.wpe(torch.arange(T, device=x.device))
+        return F.normalize(x, dim=-1) if self.sphere else x
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        x = self._prepare(x, positions)
+        for block in self.blocks:
+            x = block(x, positions)
+        return x if self.ln_f is None else self.ln_f(x)
+
+    @torch.no_grad()
+    def normalize_weights(self) -> None:
+        """Unit-norm weights along the embedding axis (call after each optimiser step); no-op if pre-norm."""
+        if not self.sphere:
+            return
+        for block in self.blocks:
+            for m in block.modules():
+                if m is not block and hasattr(m, "normalize_weights"):
+                    m.normalize_weights()
+
+    @torch.no_grad()
+    def attention_maps(self, x: Tensor, positions: Tensor | None = None) -> list[Tensor]:
+        """Explicit attention weights, one ``(B, H, T, T)`` tensor per layer (reference paths)."""
+        x = self._prepare(x, positions)
+        maps = []
+        for block in self.blocks:
+            maps.append(block.attention_weights(x, positions))
+            x = block(x, positions)
+        return maps
+
+
+def _sphere_mlp(config: LMConfig) -> nn.Module | None:
+    if config.mlp == "gelu":
+        raise ValueError(
+            "LMConfig.mlp='gelu' is the nanoGPT recipe for 'transformer'/'rfa'; use 'swiglu' or None"
+        )
+    return NormalizedSwiGLU(config.n_embd, config.mlp_hidden, config.dropout) if config.mlp else None
+
+
+def _check_pos(name: str, config: LMConfig) -> None:
+    if config.pos == "learned" and name != "transformer":
+        raise ValueError(f"LMConfig.pos='learned' is only available for model 'transformer', not {name!r}")
+
+
+def build_backbone(name: str, config: LMConfig) -> Backbone:
+    """The backbone of model ``name`` in ``transformer | rt | rfa | ngpt`` (see the module docstring)."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODELS)}")
+    _check_pos(name, config)
+    c = config
+    rope = c.pos == "rope"
+    if name == "transformer":
+        blocks = [
+            Block(
+                CausalSelfAttention(
+                    c.n_embd, c.n_head, rope=rope, rope_base=c.rope_base, causal=c.causal, dropout=c.dropout
+                ),
+                make_mlp(c.mlp, c.n_embd, c.mlp_hidden, c.dropout),
+                c.n_embd,
+                c.norm,
+            )
+            for _ in range(c.n_layer)
+        ]
+        return Backbone(c, blocks, sphere=False)
+    if name == "rfa":
+        blocks = [
+            Block(
+                RFAAttention(c.n_embd, c.n_head, rotation=rope, rope_base=c.rope_base, causal=c.causal),
+                make_mlp(c.mlp, c.n_embd, c.mlp_hidden, c.dropout),
+                c.n_embd,
+                c.norm,
+            )
+            for _ in range(c.n_layer)
+        ]
+        return Backbone(c, blocks, sphere=False)
+    if name == "ngpt":
+        blocks = [
+            SphereBlock(
+                NGPTAttention(
+                    c.n_embd, c.n_head, rope=rope, rope_base=c.rope_base, causal=c.causal, dropout=c.dropout
+                ),
+                _sphere_mlp(c),
+                c.n_embd,
+                alpha_init=c.alpha_init,
+                tangent_correction=False,
+                step=c.step,
+            )
+            for _ in range(c.n_layer)
+        ]
+        return Backbone(c, blocks, sphere=True)
+    blocks = [
+        RTBlock(
+            c.n_embd,
+            c.n_head,
+            mlp=_sphere_mlp(c),
+            alpha_init=c.alpha_init,
+            tangent_correction=c.tangent_correction,
+            step=c.step,
+            causal=c.causal,
+            magnitude_precision=c.magnitude_precision,
+            qkv_norm=c.qkv_norm,
+            process_noise=c.process_noise,
+            rotation=rope,
+            learn_omega=c.learn_omega,
+            rope_base=c.rope_base,
+            backend=c.rt_backend,
+        )
+        for _ in range(c.n_layer)
+    ]
+    return Backbone(c, blocks, sphere=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Language models
+
+
+class LanguageModel(nn.Module):
+    """Token embedding → backbone → tied output head.
+
+    ``forward(idx (B, T) long, targets (B, T) long | None) -> (logits (B, T, V), loss | None)``.
+    Subclasses fix the backbone name; hypersphere models (``sphere = True``) keep unit-norm embedding
+    rows and scale the cosine logits by a learned ``s_z`` (nGPT).
+    """
+
+    model_name: str = "transformer"
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.backbone = build_backbone(self.model_name, config)
+        self.sphere = self.backbone.sphere
+        self.s_z = ScaledVector(config.vocab_size, 1.0, config.n_embd**-0.5) if self.sphere else None
+        self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        if self.sphere:
+            std = self.config.n_embd**-0.5
+            for m in self.modules():
+                if isinstance(m, nn.Linear | nn.Embedding):
+                    nn.init.normal_(m.weight, std=std)
+            self.normalize_weights()
+            return
+        # nanoGPT: N(0, 0.02), residual projections scaled by 1/sqrt(2·n_layer)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj.weight") else 0.02
+                nn.init.normal_(p, std=std)
+
+    def _logits(self, h: Tensor) -> Tensor:
+        logits = h @ self.wte.weight.t()  # (B, T, V)
+        return logits if self.s_z is None else logits * self.s_z()
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        if idx.dim() != 2:
+            raise ValueError(f"idx has shape {tuple(idx.shape)}, expected (B, T)")
+        if targets is not None and targets.shape != idx.shape:
+            raise ValueError(f"targets has shape {tuple(targets.shape)}, expected {tuple(idx.shape)}")
+        logits = self._logits(self.backbone(self.wte(idx)))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(
+        self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None
+    ) -> Tensor:
+        """Append ``max_new_tokens`` sampled tokens to ``idx`` ``(B, T)``, feeding at most block_size."""
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        for _ in range(max_new_tokens):
+            logits, _ = self(idx[:, -self.config.block_size :])
+            logits = logits[:, -1, :].float() / temperature
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            idx = torch.cat((idx, torch.multinomial(logits.softmax(-1), 1)), dim=1)
+        return idx
+
+    @torch.no_grad()
+    def attention_maps(self, idx: Tensor) -> list[Tensor]:
+        """One ``(B, H, T, T)`` attention-weight tensor per layer, for plots."""
+        return self.backbone.attention_maps(self.wte(idx))
+
+    def num_params(self) -> int:
+        """All parameters (tied embeddings counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def optim_groups(self, weight_decay: float) -> list[dict]:
+        """AdamW groups: matrices decay, vectors (norms, scales, filter parameters) do not.
+
+        Hypersphere models put everything in the no-decay group: their weights are renormalised
+        instead (nGPT).
+        """
+        params = [p for p in self.parameters() if p.requires_grad]
+        if self.sphere:
+            return [{"params": params, "weight_decay": 0.0}]
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+
+class TransformerLM(LanguageModel):
+    """Pre-norm GPT, tied embeddings; RoPE + SwiGLU by default, ``mlp="gelu", pos="learned"`` is nanoGPT."""
+
+    model_name = "transformer"
+
+
+class RFATransformerLM(LanguageModel):
+    """Pre-norm GPT with isotropic Robust Filter Attention (SPEC §1.4)."""
+
+    model_name = "rfa"
+
+
+class SphereLM(LanguageModel):
+    """A language model whose residual stream lives on the unit sphere (nGPT parameterisation)."""
+
+    @torch.no_grad()
+    def normalize_weights(self) -> None:
+        """Project every weight matrix back to unit norm along the embedding axis (call after each step)."""
+        normalize_(self.wte.weight, dim=1)
+        self.backbone.normalize_weights()
+
+
+class NGPTLM(SphereLM):
+    """nGPT: unit residual stream, unit q and k with per-dimension scale s_qk, no precision term."""
+
+    model_name = "ngpt"
+
+
+class RTTransformerLM(SphereLM):
+    """The RT-Transformer: RT blocks (RT-Filter attention + tangent correction + retraction), nGPT-style."""
+
+    model_name = "rt"
+
+
+_LM_CLASSES: dict[str, type[LanguageModel]] = {
+    "transformer": TransformerLM,
+    "rt": RTTransformerLM,
+    "rfa": RFATransformerLM,
+    "ngpt": NGPTLM,
+}
+
+
+def build_lm(name: str, config: LMConfig) -> LanguageModel:
+    """The language model ``name`` in ``transformer | rt | rfa | ngpt``."""
+    if name not in _LM_CLASSES:
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODELS)}")
+    return _LM_CLASSES[name](config)
