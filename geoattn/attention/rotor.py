@@ -1,0 +1,516 @@
+"""Rotor attention (SPEC §2.2–2.4, contract §4.1): attention whose values are moved by a per-pair versor.
+
+Shapes: ``q, k`` are ``(B, H, N, C, dim)`` multivectors, ``v`` is ``(B, H, N, Cv, dim)``, the output is
+``(B, H, N, Cv, dim)``; ``dim = algebra.dim``, ``n = algebra.n``.
+
+Weights (every head type): ``α_ij = softmax_j(Σ_c ⟨reverse(q_ic) k_jc⟩₀ / sqrt(C · dim))``, GATr's
+invariant inner product summed over channels. Directions: ``a_i = normalize(Σ_c vector_part(q_ic))``,
+``b_j`` likewise from k, normalised in the algebra's metric (``a² = 1``; in PGA the degenerate ``e0``
+coordinate does not count, so the construction stays E(3)-equivariant).
+
+Head types, ``o_i = Σ_j α_ij T_ij(v_j)``:
+
+* ``rotation``: ``T = R v R̃`` with ``R = (1 + b a) / sqrt(2(1 + ⟨a, b⟩))``, the rotor with ``R a R̃ = b``
+  (the seed's query → key convention); ``inverse=True`` uses ``R = (1 + a b)/...`` (key → query).
+* ``reflection``: ``T = n v̂ n`` with ``n = (a − b) / |a − b|`` (v̂ = grade involution): the reflection
+  that maps a to b (and b to a, so ``inverse`` changes nothing).
+* ``projection``: ``T = (v ⌋ b) b⁻¹``, the projection onto the line of b (keeps the scalar part and the
+  component of the vector part along b; higher grades contract to 0). It does not involve a.
+* ``frame`` (our extension, SPEC §2.4; Cl(3) only, C ≥ 2): each token carries the orthonormal frame
+  ``x = normalize(vec c0)``, ``y = normalize(vec c1 − ⟨vec c1, x⟩ x)``, ``z = x × y``; ``T = R v R̃`` with
+  R the rotor taking the key's frame to the query's. SO(3)-equivariant, not O(3): z is a pseudovector.
+
+Antiparallel guard (both backends, one helper :func:`pair_scale`): the rotor's normaliser
+``1 / (2(1 + ⟨a, b⟩))`` uses ``max(1 + ⟨a, b⟩, g)`` (reflection: ``max(1 − ⟨a, b⟩, g)``),
+g = :func:`guard_eps`.
+At exactly antiparallel a, b the unnormalised rotor ``1 + b a`` is 0, so the pair contributes 0 (the
+limit of the guarded expression), with finite values and gradients; within the guard band
+(angle within ~sqrt(2g) of π) the pair's contribution fades to 0 smoothly. The same holds for
+``a = b`` in the reflection head. A zero vector part gives the direction 0 (rotation: ``R = 1/√2``).
+
+Backends:
+
+Precision: the factorised sum's rounding error on a pair is ~ eps / (1 ± ⟨a, b⟩) of its value (terms
+of size 1 cancel to a result of size 1 ± ⟨a, b⟩ before the division), hence the guard g = sqrt(eps).
+
+* ``reference``: the naive pairwise form, the oracle: N×N rotors / normals built with the algebra
+  engine's geometric products, each value sandwiched (query blocks only bound the memory).
+* ``auto``: exact factorised forms. Rotation and reflection (SPEC §2.3): the sandwich is a polynomial
+  of degree ≤ 2 in a and in b, so ``o_i = Σ_{p,q} ψ_q(a_i) (Σ_j W_ij φ_p(b_j) ⊗ v_j) M_qp`` with monomials
+  ``φ(b) = [1, b_l, b_l b_m (l ≤ m)]`` (symmetric storage: 1 + 3 + 6 = 10 in 3D, so 80 features per
+  value channel), ``W_ij = α_ij · pair_scale(⟨a_i, b_j⟩)`` and a constant table M built from the
+  Cayley table. Per query chunk: one GEMM for the logits, one for ``⟨a_i, b_j⟩``, a softmax, the
+  weight GEMM ``W @ features``, then a small per-query contraction. Memory O(chunk · N) per (B, H); with
+  gradients and several chunks, each chunk is recomputed in the backward (activation checkpointing),
+  so training memory is O(N) too. Projection and frame factorise completely into per-key transforms
+  around plain attention (``scaled_dot_product_attention``) and, for frame, per-query transforms.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from geoattn.algebra.clifford_algebra import CliffordAlgebra
+
+HEAD_TYPES = ("rotation", "reflection", "projection", "frame")
+BACKENDS = ("auto", "reference")
+
+NORM_EPS = 1e-12  # lower bound of |Σ_c vector part| when normalising directions
+_AUTO_CHUNK_ELEMENTS = 1 << 22  # B·H·chunk·N logits per query chunk (16 MiB in float32)
+_REFERENCE_CHUNK_ELEMENTS = 1 << 21  # B·H·chunk·N·Cv·dim pairwise sandwiches per reference block
+
+
+def rotor_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    algebra: CliffordAlgebra,
+    head_type: str = "rotation",
+    causal: bool = False,
+    backend: str = "auto",
+    inverse: bool = False,
+    key_mask: Tensor | None = None,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Rotor attention over multivector channels (SPEC §4.1).
+
+    Args:
+        q, k: ``(B, H, N, C, dim)`` multivectors; v: ``(B, H, N, Cv, dim)``.
+        algebra: the :class:`CliffordAlgebra` the multivectors live in (``dim == algebra.dim``).
+        head_type: ``"rotation" | "reflection" | "projection" | "frame"`` (see the module docstring).
+        causal: attend to keys ``j ≤ i`` only.
+        backend: ``"auto"`` (fast exact factorised form) or ``"reference"`` (naive pairwise oracle).
+        inverse: rotation head only: use the key → query rotor ``(1 + a b)/sqrt(2(1 + ⟨a, b⟩))``
+            instead of the query → key one (reflection: accepted, identical; others: ValueError).
+        key_mask: optional ``(B, N)`` bool, True for keys that may be attended to (padding mask).
+        chunk_size: queries per block on the ``auto`` rotation / reflection path (default: sized so a
+            block's logits hold ~4 M numbers); any value gives the same result.
+
+    Returns:
+        ``(B, H, N, Cv, dim)``, dtype of v.
+    """
+    _check_inputs(q, k, v, algebra, head_type, backend, inverse, key_mask, chunk_size)
+    out_dtype = v.dtype
+    # low-precision inputs are computed in float32: 1 + ⟨a, b⟩ cancels catastrophically in bf16
+    dtype = torch.promote_types(
+        torch.promote_types(q.dtype, k.dtype), torch.promote_types(v.dtype, torch.float32)
+    )
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    if backend == "reference":
+        out = _reference(q, k, v, algebra, head_type, causal, inverse, key_mask)
+    elif head_type in ("rotation", "reflection"):
+        out = _factorised(q, k, v, algebra, head_type, causal, inverse, key_mask, chunk_size)
+    elif head_type == "projection":
+        out = _projection(q, k, v, algebra, causal, key_mask)
+    else:
+        out = _frame(q, k, v, algebra, causal, key_mask)
+    return out.to(out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def _check_inputs(q, k, v, algebra, head_type, backend, inverse, key_mask, chunk_size) -> None:
+    if not isinstance(algebra, CliffordAlgebra):
+        raise ValueError(f"rotor_attention: algebra must be a CliffordAlgebra, got {type(algebra).__name__}")
+    if head_type not in HEAD_TYPES:
+        raise ValueError(f"rotor_attention: unknown head_type {head_type!r}, expected one of {HEAD_TYPES}")
+    if backend not in BACKENDS:
+        raise ValueError(f"rotor_attention: unknown backend {backend!r}, expected one of {BACKENDS}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor) or x.dim() != 5:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"rotor_attention: {name} has shape {shape}, expected (B, H, N, C, dim)")
+        if x.shape[-1] != algebra.dim:
+            raise ValueError(
+                f"rotor_attention: {name} has shape {tuple(x.shape)}: last dim {x.shape[-1]} does not match "
+                f"algebra.dim = {algebra.dim} of {algebra!r}"
+            )
+        if not x.is_floating_point():
+            raise ValueError(f"rotor_attention: {name} must be floating point, got {x.dtype}")
+    if q.shape != k.shape:
+        raise ValueError(
+            f"rotor_attention: q {tuple(q.shape)} and k {tuple(k.shape)} must have the same shape"
+        )
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(
+            f"rotor_attention: v {tuple(v.shape)} must share (B, H, N) = {tuple(k.shape[:3])} with k"
+        )
+    if head_type != "frame" and algebra.q > 0:
+        raise ValueError(
+            f"rotor_attention: head_type {head_type!r} needs unit directions a² = 1, so no basis vector "
+            f"squaring to -1; got {algebra!r}"
+        )
+    if head_type == "frame":
+        if (algebra.p, algebra.q, algebra.r) != (3, 0, 0):
+            raise ValueError(f"rotor_attention: head_type 'frame' needs Cl(3), got {algebra!r}")
+        if q.shape[3] < 2:
+            raise ValueError(
+                f"rotor_attention: head_type 'frame' needs C ≥ 2 channels in q and k (the frame comes from "
+                f"channels 0 and 1), got C = {q.shape[3]}"
+            )
+    if inverse and head_type not in ("rotation", "reflection"):
+        raise ValueError(
+            f"rotor_attention: inverse=True applies to 'rotation' (and 'reflection'), not {head_type!r}"
+        )
+    if key_mask is not None and (
+        key_mask.dtype != torch.bool or tuple(key_mask.shape) != (q.shape[0], q.shape[2])
+    ):
+        raise ValueError(
+            f"rotor_attention: key_mask must be a bool tensor of shape (B, N) = {(q.shape[0], q.shape[2])}, "
+            f"got {key_mask.dtype} {tuple(key_mask.shape)}"
+        )
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"rotor_attention: chunk_size must be a positive int, got {chunk_size!r}")
+
+
+# ------------------------------------------------------------------------- shared parameterisation
+@functools.cache
+def _base_tables(p: int, q: int, r: int) -> dict[str, Tensor]:
+    """Constant float64 CPU tables of Cl(p, q, r) for the kernels (row-vector convention ``y = x @ M``).
+
+    ``logit``: ``(dim,)`` ⟨ẽ_A e_A⟩₀; ``metric``: ``(n,)`` e_k²; ``left``/``right``: ``(n, dim, dim)``
+    matrices of ``x ↦ e_k x`` / ``x ↦ x e_k``; ``involution``: ``(dim, dim)`` diagonal grade involution.
+    """
+    algebra = CliffordAlgebra(p, q, r)
+    cayley = algebra.cayley.to(torch.float64)  # e_i e_j = Σ_k cayley[i, j, k] e_k
+    grades = torch.tensor(algebra.grades)
+    reverse = torch.where((grades * (grades - 1) // 2) % 2 == 1, -1.0, 1.0).double()
+    vec = list(algebra.grade_indices[1])
+    return {
+        "logit": reverse * cayley.diagonal(dim1=0, dim2=1)[0],
+        "metric": cayley[vec, vec, 0],
+        "left": cayley[vec],
+        "right": cayley[:, vec].transpose(0, 1),
+        "involution": torch.diag(torch.where(grades % 2 == 1, -1.0, 1.0).double()),
+    }
+
+
+def _sym_pairs(n: int) -> list[tuple[int, int]]:
+    return [(l, m) for l in range(n) for m in range(l, n)]
+
+
+def monomials(x: Tensor) -> Tensor:
+    """``[1, x_l, x_l x_m (l ≤ m)]``: ``(..., n)`` → ``(..., P)``, P = 1 + n + n(n+1)/2."""
+    l, m = zip(*_sym_pairs(x.shape[-1]))
+    return torch.cat([torch.ones_like(x[..., :1]), x, x[..., list(l)] * x[..., list(m)]], -1)
+
+
+@functools.cache
+def _bilinear_table(p: int, q: int, r: int, head_type: str, inverse: bool) -> Tensor:
+    """``M (P, P, dim, dim)`` with ``unscaled T(a, b, v) = Σ_{q,p} ψ_q(a) φ_p(b) (v @ M[q, p])``.
+
+    ψ, φ = :func:`monomials`. Unscaled T: rotation ``(1 + b a) v (1 + a b)`` (inverse:
+    ``(1 + a b) v (1 + b a)``), reflection ``(a − b) v̂ (a − b)``. Ordered index tuples are summed into
+    the symmetric monomial slots, so each monomial gets the coefficient of its whole orbit.
+    """
+    t = _base_tables(p, q, r)
+    L, R, G = t["left"], t["right"], t["involution"]
+    n, dim = L.shape[0], L.shape[1]
+    sym = {pair: 1 + n + i for i, pair in enumerate(_sym_pairs(n))}
+    slot = lambda k, k2: sym[(min(k, k2), max(k, k2))]  # noqa: E731
+    P = 1 + n + len(sym)
+    M = torch.zeros(P, P, dim, dim, dtype=torch.float64)
+    idx = range(n)
+    if head_type == "rotation":
+        M[0, 0] = torch.eye(dim, dtype=torch.float64)
+        for k in idx:
+            for l in idx:
+                if inverse:  # v b a + a b v
+                    M[1 + k, 1 + l] = R[l] @ R[k] + L[l] @ L[k]
+                else:  # v a b + b a v
+                    M[1 + k, 1 + l] = R[k] @ R[l] + L[k] @ L[l]
+                for k2 in idx:
+                    for l2 in idx:
+                        if inverse:  # a b v b a = e_k e_l v e_l2 e_k2
+                            M[slot(k, k2), slot(l, l2)] += L[l] @ L[k] @ R[l2] @ R[k2]
+                        else:  # b a v a b = e_l e_k v e_k2 e_l2
+                            M[slot(k, k2), slot(l, l2)] += L[k] @ L[l] @ R[k2] @ R[l2]
+    elif head_type == "reflection":  # a v̂ a − a v̂ b − b v̂ a + b v̂ b
+        for k in idx:
+            for k2 in idx:
+                M[slot(k, k2), 0] += G @ L[k] @ R[k2]
+                M[0, slot(k, k2)] += G @ L[k] @ R[k2]
+            for l in idx:
+                M[1 + k, 1 + l] = -G @ (L[k] @ R[l] + L[l] @ R[k])
+    else:
+        raise ValueError(f"no bilinear table for head_type {head_type!r}")
+    return M
+
+
+@functools.cache
+def _reduced_table(
+    p: int, q: int, r: int, head_type: str, inverse: bool
+) -> tuple[Tensor, list[int], list[int]]:
+    """The factorised form with the constant 1/2 of :func:`pair_scale` folded in, minus redundant features.
+
+    The scalar and the pseudoscalar blade e_A commute with every even versor, so ``R e_A R̃ = R R̃ e_A
+    = 2(1 + ⟨a, b⟩) e_A``; likewise ``n ê_A n = λ_A 2(1 − ⟨a, b⟩) e_A`` (λ = 1 scalar, −1 pseudoscalar).
+    They only need the key features ``[1, b] ⊗ v_A`` (``2(1 + n)`` instead of ``2P``): 68 features per
+    value channel in Cl(3) instead of 80.
+
+    Returns ``(M, active, passive)``: ``M (P, F · dim)`` maps the query monomials ψ(a) to the
+    ``(F, dim)`` matrix applied to a query's aggregated features, ``F = P·|active| + (1 + n)·|passive|``
+    in the layout of :func:`_key_features`; ``active``/``passive``: blade indices.
+    """
+    full = _bilinear_table(p, q, r, head_type, inverse)
+    P, dim = full.shape[0], full.shape[-1]
+    n = p + q + r
+    passive = [0, dim - 1]
+    active = [i for i in range(dim) if i not in passive]
+    M = 0.5 * full[:, :, active]  # (P, P, |active|, dim)
+    sign = 1.0 if head_type == "rotation" else -1.0  # 1 ± ⟨a, b⟩ = 1 ± Σ_k e_k² a_k b_k
+    metric = _base_tables(p, q, r)["metric"]
+    passive_part = torch.zeros(P, 1 + n, len(passive), dim, dtype=torch.float64)
+    for j, blade in enumerate(passive):
+        lam = -1.0 if head_type == "reflection" and blade == dim - 1 else 1.0
+        passive_part[0, 0, j, blade] = lam
+        for k in range(n):
+            passive_part[1 + k, 1 + k, j, blade] = sign * lam * metric[k]
+    M = torch.cat([M.flatten(1, 2), passive_part.flatten(1, 2)], dim=1)  # (P, F, dim)
+    return M.flatten(1), active, passive
+
+
+def _key_features(v: Tensor, phi: Tensor, n: int, active: list[int], passive: list[int]) -> Tensor:
+    """Per-key features ``[φ(b) ⊗ v_active, [1, b] ⊗ v_passive]`` per channel.
+
+    v ``(..., Cv, dim)``, φ ``(..., P)`` → ``(..., Cv · F)``, laid out (Cv, F) so that a query's aggregate
+    is a ``(Cv, F)`` matrix.
+    """
+    act = v[..., None, active] * phi[..., None, :, None]  # (..., Cv, P, |active|)
+    pas = v[..., None, passive] * phi[..., None, : 1 + n, None]  # (..., Cv, 1 + n, |passive|)
+    return torch.cat([act.flatten(-2), pas.flatten(-2)], -1).flatten(-2)
+
+
+def _tables(algebra: CliffordAlgebra, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
+    return {k: v.to(device, dtype) for k, v in _base_tables(algebra.p, algebra.q, algebra.r).items()}
+
+
+def directions(x: Tensor, algebra: CliffordAlgebra) -> Tensor:
+    """``normalize(Σ_c vector_part(x_c))`` in the metric (``a² = 1``): ``(..., C, dim)`` → ``(..., n)``.
+
+    A zero (or, in PGA, purely degenerate) vector part gives a direction of norm ≤ its size / NORM_EPS.
+    """
+    metric = _tables(algebra, x.device, x.dtype)["metric"]
+    vec = x[..., 1 : algebra.n + 1].sum(-2)
+    sq = (vec * vec * metric).sum(-1, keepdim=True)
+    return vec / sq.clamp_min(NORM_EPS**2).sqrt()
+
+
+def pair_scale(dot: Tensor, head_type: str) -> Tensor:
+    """The guarded per-pair normaliser: ``1 / (2 max(1 ± ⟨a, b⟩, guard_eps))`` (+ rotation, − reflection).
+
+    rotation: ``|1 + b a|² = 2(1 + ⟨a, b⟩)``; reflection: ``|a − b|² = 2(1 − ⟨a, b⟩)`` for unit a, b.
+    """
+    sign = 1.0 if head_type == "rotation" else -1.0
+    return 0.5 / (1.0 + sign * dot).clamp_min(guard_eps(dot.dtype))
+
+
+def guard_eps(dtype: torch.dtype) -> float:
+    """``sqrt(machine eps)``: the factorised sum's rounding error grows like eps / (1 ± ⟨a, b⟩), so this
+    bounds it by sqrt(eps) relative (float32: 3.5e-4, the guard band is within 1.5° of antiparallel)."""
+    return torch.finfo(dtype).eps ** 0.5
+
+
+def _logit_queries(q: Tensor, algebra: CliffordAlgebra) -> Tensor:
+    """q with the metric and 1/sqrt(C·dim) folded in: ``(B, H, N, C, dim)`` → ``(B, H, N, C·dim)``.
+
+    Then ``logits = q' @ k.flatten(-2)ᵀ`` is ``Σ_c ⟨reverse(q_c) k_c⟩₀ / sqrt(C · dim)``.
+    """
+    w = _tables(algebra, q.device, q.dtype)["logit"]
+    return (q * (w / math.sqrt(q.shape[-2] * q.shape[-1]))).flatten(-2)
+
+
+# ------------------------------------------------------------------------------------ reference
+def _reference(q, k, v, algebra, head_type, causal, inverse, key_mask) -> Tensor:
+    """Naive pairwise oracle: explicit α (B, H, N, N) and one versor per pair, built with the engine."""
+    B, H, N, C, dim = q.shape
+    Cv = v.shape[3]
+    ga = algebra
+    # query blocks only bound the memory of the (B, H, block, N, Cv | C, dim) pairwise products
+    block = max(1, _REFERENCE_CHUNK_ELEMENTS // (B * H * N * max(C, Cv) * dim))
+    logits = torch.cat(
+        [
+            ga.scalar_product(ga.reverse(q[:, :, s : s + block, None]), k[:, :, None]).sum(-1)
+            for s in range(0, N, block)
+        ],
+        dim=2,
+    ) / math.sqrt(C * dim)
+    logits = logits.masked_fill(~_allowed(N, N, 0, causal, key_mask, q.device), float("-inf"))
+    alpha = torch.softmax(logits, dim=-1)  # (B, H, N, N)
+    if head_type == "projection":
+        b = ga.vector(directions(k, ga))[:, :, :, None]  # (B, H, N, 1, dim)
+        moved = ga.geometric_product(ga.left_contraction(v, b), ga.inverse(b))
+        return torch.einsum("bhij,bhjcd->bhicd", alpha, moved)
+    if head_type == "frame":
+        versors = _frame_rotors(q, k, ga)
+    else:
+        versors = _pair_versors(q, k, ga, head_type, inverse)
+    values = ga.grade_involution(v) if head_type == "reflection" else v
+    outs = []
+    for s in range(0, N, block):
+        Rv = versors(s, min(s + block, N))[..., None, :]  # (B, H, blk, N, 1, dim)
+        right = Rv if head_type == "reflection" else ga.reverse(Rv)
+        moved = ga.geometric_product(ga.geometric_product(Rv, values[:, :, None]), right)
+        outs.append(torch.einsum("bhij,bhijcd->bhicd", alpha[:, :, s : s + block], moved))
+    return torch.cat(outs, dim=2)
+
+
+def _pair_versors(q, k, ga, head_type, inverse):
+    """Blocks of the per-pair versors: rotors ``(1 + b a)·sqrt(scale)`` or normals ``(a − b)·sqrt(scale)``."""
+    a, b = directions(q, ga), directions(k, ga)  # (B, H, N, n)
+    one = torch.zeros(ga.dim, dtype=q.dtype, device=q.device)
+    one[0] = 1
+
+    def block(s: int, e: int) -> Tensor:
+        A, Bv = ga.vector(a[:, :, s:e, None]), ga.vector(b[:, :, None])  # (B, H, blk, 1|N, dim)
+        scale = pair_scale(
+            (a[:, :, s:e, None] * b[:, :, None] * _tables(ga, q.device, q.dtype)["metric"]).sum(-1), head_type
+        ).sqrt()[..., None]
+        if head_type == "reflection":
+            return (A - Bv) * scale
+        prod = ga.geometric_product(A, Bv) if inverse else ga.geometric_product(Bv, A)
+        return (one + prod) * scale
+
+    return block
+
+
+def _frame_rotors(q, k, ga):
+    """Blocks of ``R_ij`` taking key j's frame to query i's, composed from two ``rotor_between``."""
+    qx, qy = _frame_axes(q, ga)
+    kx, ky = _frame_axes(k, ga)
+
+    def block(s: int, e: int) -> Tensor:
+        r1 = ga.rotor_between(kx[:, :, None], qx[:, :, s:e, None])  # key x → query x
+        y_moved = ga.vector_part(ga.sandwich(r1, ga.vector(ky[:, :, None])))
+        r2 = ga.rotor_between(y_moved, qy[:, :, s:e, None])  # in the plane ⟂ query x
+        return ga.geometric_product(r2, r1)
+
+    return block
+
+
+def _allowed(nq: int, nk: int, start: int, causal: bool, key_mask: Tensor | None, device) -> Tensor:
+    """Bool ``(B|1, 1, nq, nk)``: which (query start + i, key j) pairs attend."""
+    allowed = torch.ones(1, 1, nq, nk, dtype=torch.bool, device=device)
+    if causal:
+        i = torch.arange(start, start + nq, device=device)[:, None]
+        allowed = allowed & (torch.arange(nk, device=device)[None, :] <= i)
+    if key_mask is not None:
+        allowed = allowed & key_mask[:, None, None, :nk]
+    return allowed
+
+
+# ---------------------------------------------------------------------------- fast: rotation, reflection
+def _factorised(q, k, v, algebra, head_type, causal, inverse, key_mask, chunk_size) -> Tensor:
+    B, H, N, C, dim = q.shape
+    Cv, n = v.shape[3], algebra.n
+    M, active, passive = _reduced_table(algebra.p, algebra.q, algebra.r, head_type, inverse)
+    M = M.to(q.device, q.dtype)  # (P, F·dim)
+    Fd = M.shape[1] // dim
+    qs, kf = _logit_queries(q, algebra), k.flatten(-2)  # (B, H, N, C·dim)
+    a, b = directions(q, algebra), directions(k, algebra)  # (B, H, N, n)
+    metric = _tables(algebra, q.device, q.dtype)["metric"]
+    # 1 ± ⟨a_i, b_j⟩ as one GEMM of [1, ±metric·a] and [1, b]
+    sign = 1.0 if head_type == "rotation" else -1.0
+    a1 = torch.cat([torch.ones_like(a[..., :1]), sign * metric * a], -1)  # (B, H, N, 1 + n)
+    b1 = torch.cat([torch.ones_like(b[..., :1]), b], -1).transpose(-1, -2)  # (B, H, 1 + n, N)
+    psi = monomials(a)  # (B, H, N, P)
+    feats = _key_features(v, monomials(b), n, active, passive)  # (B, H, N, Cv·F)
+    kt = kf.transpose(-1, -2)  # (B, H, C·dim, N)
+    guard = guard_eps(q.dtype)
+    chunk = chunk_size or max(16, _AUTO_CHUNK_ELEMENTS // max(1, B * H * N))
+
+    def block(
+        s: int, qs_c: Tensor, a1_c: Tensor, psi_c: Tensor, kt: Tensor, b1: Tensor, feats: Tensor
+    ) -> Tensor:
+        nq = qs_c.shape[2]
+        nk = min(s + nq, N) if causal else N  # causal: later keys are never attended
+        logits = qs_c @ kt[..., :nk]  # (B, H, nq, nk)
+        if causal or key_mask is not None:
+            logits = logits.masked_fill(~_allowed(nq, nk, s, causal, key_mask, q.device), float("-inf"))
+        # W_ij = α_ij / max(1 ± ⟨a_i, b_j⟩, guard); the 1/2 of pair_scale is folded into M
+        weights = torch.softmax(logits, dim=-1) / (a1_c @ b1[..., :nk]).clamp_min_(guard)
+        agg = weights @ feats[:, :, :nk]  # (B, H, nq, Cv·F)
+        query_map = (psi_c @ M).view(B, H, nq, Fd, dim)  # (B, H, nq, F, dim)
+        return agg.view(B, H, nq, Cv, Fd) @ query_map  # (B, H, nq, Cv, dim)
+
+    starts = range(0, N, chunk)
+    recompute = len(starts) > 1 and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    outs = []
+    for s in starts:
+        args = (s, qs[:, :, s : s + chunk], a1[:, :, s : s + chunk], psi[:, :, s : s + chunk], kt, b1, feats)
+        outs.append(checkpoint(block, *args, use_reentrant=False) if recompute else block(*args))
+    return torch.cat(outs, dim=2)
+
+
+# ---------------------------------------------------------------------------- fast: projection, frame
+def _plain_attention(qs: Tensor, kf: Tensor, values: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
+    """``softmax(qs kfᵀ) values`` (scale already in qs): ``(B, H, N, ·)`` → ``(B, H, N, F)``, SDPA."""
+    mask = None
+    if key_mask is not None:
+        # a (B, 1, 1, N) padding mask; with causal too, the (B, 1, N, N) combined bool mask is built
+        mask = _allowed(qs.shape[2], kf.shape[2], 0, causal, key_mask, qs.device)
+        causal = False
+    return F.scaled_dot_product_attention(qs, kf, values, attn_mask=mask, is_causal=causal, scale=1.0)
+
+
+def _projection(q, k, v, algebra, causal, key_mask) -> Tensor:
+    """``(v ⌋ b) b⁻¹`` per key (b unit: scalar part kept, vector part → ⟨v, b⟩ b), then plain attention."""
+    B, H, N, Cv, dim = v.shape
+    n = algebra.n
+    metric = _tables(algebra, q.device, q.dtype)["metric"]
+    b = directions(k, algebra)[..., None, :]  # (B, H, N, 1, n)
+    bb = (b * b * metric).sum(-1, keepdim=True)  # b² (1 unless the direction is zero)
+    inv_b = b / bb.clamp_min(guard_eps(bb.dtype))
+    scalar = v[..., :1] * (bb / bb.clamp_min(guard_eps(bb.dtype)))  # (v₀ b) b⁻¹
+    vec = (v[..., 1 : n + 1] * b * metric).sum(-1, keepdim=True) * inv_b
+    moved = torch.cat([scalar, vec, v.new_zeros(B, H, N, Cv, dim - 1 - n)], -1)
+    out = _plain_attention(_logit_queries(q, algebra), k.flatten(-2), moved.flatten(-2), causal, key_mask)
+    return out.view(B, H, N, Cv, dim)
+
+
+def _frame_axes(x: Tensor, algebra: CliffordAlgebra) -> tuple[Tensor, Tensor]:
+    """Gram–Schmidt x, y axes from channels 0, 1: ``(B, H, N, C, 8)`` → two ``(B, H, N, 3)``."""
+    c0, c1 = x[..., 0, 1:4], x[..., 1, 1:4]
+    ex = c0 / c0.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS)
+    y = c1 - (c1 * ex).sum(-1, keepdim=True) * ex
+    return ex, y / y.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS)
+
+
+def _frame_action(x: Tensor, algebra: CliffordAlgebra) -> Tensor:
+    """The outermorphism of the frame rotation ``[x y z]`` on Cl(3) coefficients: ``(B, H, N, 8, 8)``.
+
+    Column convention ``m' = O m``: vectors map by the rotation matrix, bivectors ``e_ab`` by its 2×2
+    minors, scalar and pseudoscalar (det = +1) are fixed. This is the action of the frame's rotor F.
+    """
+    ex, ey = _frame_axes(x, algebra)
+    rot = torch.stack([ex, ey, torch.linalg.cross(ex, ey)], dim=-1)  # (B, H, N, 3, 3), columns = axes
+    pairs = [(0, 1), (0, 2), (1, 2)]  # e12, e13, e23
+    minors = torch.stack(
+        [
+            torch.stack(
+                [rot[..., a, c] * rot[..., b, d] - rot[..., a, d] * rot[..., b, c] for c, d in pairs], -1
+            )
+            for a, b in pairs
+        ],
+        dim=-2,
+    )  # (B, H, N, 3, 3)
+    O = rot.new_zeros(*rot.shape[:-2], 8, 8)
+    O[..., 0, 0] = 1
+    O[..., 1:4, 1:4] = rot
+    O[..., 4:7, 4:7] = minors
+    O[..., 7, 7] = 1
+    return O
+
+
+def _frame(q, k, v, algebra, causal, key_mask) -> Tensor:
+    """``F_i (Σ_j α_ij F̃_j v_j F_j) F̃_i``: values into key frames, plain attention, out of query frames."""
+    B, H, N, Cv, dim = v.shape
+    local = v @ _frame_action(k, algebra)  # row vectors: v @ O = (Oᵀ v)ᵀ, the action of F̃_j
+    agg = _plain_attention(_logit_queries(q, algebra), k.flatten(-2), local.flatten(-2), causal, key_mask)
+    return agg.view(B, H, N, Cv, dim) @ _frame_action(q, algebra).transpose(-1, -2)
