@@ -1,0 +1,324 @@
+"""The ``filter`` task: estimate the direction of an RT-SDE (SPEC §1.1, §3) causally from its measurements.
+
+Sequences come from :class:`geoattn.rt.RTSDE` (eq. 3), generated on the fly from the trainer's
+generator for ``train`` and from fixed seeds for ``val`` and ``eval`` (a pool of sequences drawn
+once, from which batches are sampled), so every evaluation sees the same data. The learned models
+are compared with reference estimators on the same pool (:meth:`FilterTask.baselines`).
+
+A batch is ``x`` ``(B, T, D + 1)``: the measurements ``z`` in the first ``D`` channels and the
+observation times in the last; ``y`` ``(B, T, D)``: the true unit directions ``u(t_i)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from geoattn.tasks import estimators
+from geoattn.tasks.base import Task
+
+SPLIT_SEEDS = {"val": 1_000_003, "eval": 2_000_003}
+
+
+@dataclass
+class FilterConfig:
+    """Simulator and reference-estimator settings of the filter task (all overridable as task options).
+
+    The RT-SDE (SPEC eq. 3) in ``dim`` dimensions, observed at ``seq_len`` irregular times with
+    intervals uniform on ``dt_range`` (mean 1), from a uniform random direction and an initial
+    magnitude log-uniform on ``m0_range``. Each token is measured through a gain ``g_i``, log-uniform
+    on ``[ρ^{−1/2}, ρ^{1/2}]`` (ρ = ``gain_ratio``): ``z_i = g_i x(t_i) + v_i`` with the SDE's
+    measurement noise ``v_i``. The gain is equivalent to a per-token measurement noise ``η/g_i`` with
+    the token reported at scale ``g_i``, so the token magnitude ``|z_i| ≈ g_i m_i`` *is* its confidence
+    (angular noise ``η_t / |z_i|``), as the RT model assumes, and varies several-fold along every
+    sequence (the property precision weighting needs).
+
+    Defaults and why (measured on the 256-sequence val pool, seed ``SPLIT_SEEDS["val"]``):
+
+    * ``sigma_t = 0.08``, ``eta_t = 0.5`` with magnitudes ~1–2: the direction diffuses by a median
+      ~7° per token (small-angle regime), while one measurement is ~40° off (raw directions), so
+      averaging many transported tokens pays and old tokens go stale;
+    * ``mu_r = 0.01``: a slow decay (the Itô drift ``(D−1)σ_t²/(2m)`` of the tangential noise keeps
+      the latent magnitude near 1–2 along the sequence); ``mu_t`` does not act on the state
+      (``P_T(u) x ≡ 0``) and is kept for completeness;
+    * ``gain_ratio = 8``: token magnitudes vary ≥ 3× within every sequence;
+    * ``omega``: a transport rotation in each of the ``dim/2`` planes, slow to fast;
+    * ``beta = 0.05`` for the closed-form RT-Filter baseline: with ``q = k = v = z`` the robust term
+      ``β κ (⟨ẑ_i, R ẑ_j⟩ − 1)`` compares keys with the *noisy* current measurement; ``β = 1``
+      (the von Mises–Fisher likelihood) makes the weights follow that noise (see ``baselines``).
+
+    Fields:
+        dim: state dimension D (even). seq_len: tokens per sequence T.
+        mu_r, mu_t, sigma_r, sigma_t, eta_r, eta_t: the RT-SDE parameters (SPEC §1.1).
+        omega: ``dim/2`` angular frequencies of ``R(Δt)``.
+        m0_range: initial magnitudes, log-uniform. gain_ratio: ρ ≥ 1 (1: no gains).
+        dt_range: observation intervals, uniform. max_step: Euler–Maruyama step of the simulator.
+        val_size, eval_size: sequences in the fixed val / eval pools.
+        beta: β of the closed-form RT-Filter baseline. n_particles: particle-filter size.
+    """
+
+    dim: int = 8
+    seq_len: int = 64
+    mu_r: float = 0.01
+    mu_t: float = 0.0
+    sigma_r: float = 0.03
+    sigma_t: float = 0.08
+    eta_r: float = 0.1
+    eta_t: float = 0.5
+    omega: tuple[float, ...] = (0.2, 0.1, 0.05, 0.02)
+    m0_range: tuple[float, float] = (1.0, 2.0)
+    gain_ratio: float = 8.0
+    dt_range: tuple[float, float] = (0.5, 1.5)
+    max_step: float = 0.25
+    val_size: int = 256
+    eval_size: int = 256
+    beta: float = 0.05
+    n_particles: int = 1000
+
+    def __post_init__(self) -> None:
+        self.omega = tuple(float(w) for w in self.omega)
+        self.m0_range = _pair("m0_range", self.m0_range)
+        self.dt_range = _pair("dt_range", self.dt_range)
+        if not isinstance(self.dim, int) or self.dim < 2 or self.dim % 2:
+            raise ValueError(f"FilterConfig.dim must be an even integer ≥ 2, got {self.dim!r}")
+        for name, least in (("seq_len", 2), ("val_size", 1), ("eval_size", 1), ("n_particles", 2)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"FilterConfig.{name} must be an integer ≥ {least}, got {value!r}")
+        for name in ("mu_r", "mu_t", "sigma_r", "sigma_t"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"FilterConfig.{name} must be ≥ 0, got {getattr(self, name)}")
+        for name in ("eta_r", "eta_t", "max_step", "beta"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"FilterConfig.{name} must be > 0, got {getattr(self, name)}")
+        if len(self.omega) != self.dim // 2:
+            raise ValueError(
+                f"FilterConfig.omega has {len(self.omega)} frequencies, expected dim/2 = {self.dim // 2}"
+            )
+        if self.gain_ratio < 1:
+            raise ValueError(f"FilterConfig.gain_ratio must be ≥ 1, got {self.gain_ratio}")
+
+    def sde(self):
+        """The :class:`geoattn.rt.RTSDE` with these parameters."""
+        from geoattn.rt.sde import RTSDE
+
+        return RTSDE(
+            dim=self.dim,
+            mu_r=self.mu_r,
+            mu_t=self.mu_t,
+            sigma_r=self.sigma_r,
+            sigma_t=self.sigma_t,
+            eta_r=self.eta_r,
+            eta_t=self.eta_t,
+            omega=torch.tensor(self.omega, dtype=torch.float64),
+        )
+
+
+def _pair(name: str, value: Any) -> tuple[float, float]:
+    low, high = (float(v) for v in value)
+    if not 0 < low <= high:
+        raise ValueError(f"FilterConfig.{name} must be (low, high) with 0 < low ≤ high, got {tuple(value)}")
+    return low, high
+
+
+@dataclass
+class FilterSample:
+    """A simulated batch: ``times`` ``(B, T)``, latent ``x`` and measurements ``z`` ``(B, T, D)``."""
+
+    times: Tensor
+    x: Tensor
+    z: Tensor
+    gains: Tensor = field(repr=False)  # (B, T)
+
+    @property
+    def directions(self) -> Tensor:
+        """The targets ``u(t_i) = x/|x|`` ``(B, T, D)``."""
+        return F.normalize(self.x, dim=-1)
+
+
+def simulate(config: FilterConfig, batch_size: int, generator: torch.Generator) -> FilterSample:
+    """Draw ``batch_size`` sequences (float64, CPU) from ``generator`` as ``FilterConfig`` describes."""
+    t, dtype = config.seq_len, torch.float64
+    low, high = config.dt_range
+    steps = low + (high - low) * torch.rand(batch_size, t - 1, generator=generator, dtype=dtype)
+    times = torch.cat((torch.zeros(batch_size, 1, dtype=dtype), steps.cumsum(1)), dim=1)  # (B, T)
+    log_low, log_high = (math.log(m) for m in config.m0_range)
+    m0 = torch.exp(log_low + (log_high - log_low) * torch.rand(batch_size, generator=generator, dtype=dtype))
+    sample = config.sde().simulate(times, batch_size, m0=m0, generator=generator, max_step=config.max_step)
+    log_ratio = math.log(config.gain_ratio)
+    gains = torch.exp(log_ratio * (torch.rand(batch_size, t, generator=generator, dtype=dtype) - 0.5))
+    x = sample.x.to(dtype)
+    z = gains[..., None] * x + (sample.z.to(dtype) - x)  # z = g x + v
+    return FilterSample(times=times, x=x, z=z, gains=gains)
+
+
+class FilterModel(nn.Module):
+    """A sequence backbone as a causal direction estimator.
+
+    Tokens enter as ``[ẑ, log|z|]`` (direction and log-magnitude, ``D + 1`` features) through a
+    Linear to width C: the magnitude is kept as a feature because the hypersphere backbones
+    (``rt``, ``ngpt``) project their input onto the unit sphere, where a raw magnitude would be lost;
+    the RT layers can then map it into their key norms ``|k|`` (their confidence). The backbone runs
+    causally with ``positions`` = the observation times; a Linear maps back to ``D`` and the output
+    is normalised. ``forward(x (B, T, D + 1), y (B, T, D) | None) -> (prediction (B, T, D), loss)``,
+    loss = mean(1 − cos(prediction, y)).
+    """
+
+    def __init__(self, name: str, dim: int, backbone_config: Any):
+        super().__init__()
+        from geoattn.models.lm import build_backbone
+
+        self.dim = dim
+        width = backbone_config.n_embd
+        self.embed = nn.Linear(dim + 1, width)
+        self.backbone = build_backbone(name, backbone_config)
+        self.head = nn.Linear(width, dim)
+
+    def _features(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        if x.dim() != 3 or x.shape[-1] != self.dim + 1:
+            raise ValueError(f"x has shape {tuple(x.shape)}, expected (B, T, D + 1) = (B, T, {self.dim + 1})")
+        z, times = x[..., : self.dim], x[..., self.dim]
+        norm = z.norm(dim=-1, keepdim=True)
+        features = torch.cat((z / norm.clamp_min(1e-12), norm.clamp_min(1e-12).log()), dim=-1)
+        return self.embed(features), times
+
+    def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        h, times = self._features(x)
+        prediction = F.normalize(self.head(self.backbone(h, times)), dim=-1)
+        if y is None:
+            return prediction, None
+        if y.shape != prediction.shape:
+            raise ValueError(f"y has shape {tuple(y.shape)}, expected {tuple(prediction.shape)}")
+        loss = 1.0 - (prediction * F.normalize(y, dim=-1)).sum(-1).mean()
+        return prediction, loss
+
+    @torch.no_grad()
+    def attention_maps(self, x: Tensor) -> list[Tensor]:
+        """One ``(B, H, T, T)`` attention-weight tensor per layer, for plots."""
+        h, times = self._features(x)
+        return self.backbone.attention_maps(h, times)
+
+    def normalize_weights(self) -> None:
+        """Keep the hypersphere backbones' weights unit-norm (no-op for pre-norm backbones)."""
+        self.backbone.normalize_weights()
+
+    def optim_groups(self, weight_decay: float) -> list[dict]:
+        """Decay on the matrices of pre-norm backbones; none on hypersphere backbones (nGPT) or vectors."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        if self.backbone.sphere:
+            return [{"params": params, "weight_decay": 0.0}]
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+
+def backbone_config(config: Any, *, causal: bool, block_size: int):
+    """An ``LMConfig`` from the trainer's config: its sizes and ``model_options`` (or an LMConfig as is)."""
+    from geoattn.models.lm import LMConfig
+
+    if isinstance(config, LMConfig):
+        return dataclasses.replace(config, causal=causal)
+    options = dict(getattr(config, "model_options", {}) or {})
+    valid = {f.name for f in dataclasses.fields(LMConfig)} - {"vocab_size", "block_size", "causal"}
+    unknown = sorted(set(options) - valid)
+    if unknown:
+        raise ValueError(f"unknown model option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
+    sizes = {k: getattr(config, k) for k in ("n_layer", "n_head", "n_embd", "dropout") if hasattr(config, k)}
+    return LMConfig(vocab_size=1, block_size=block_size, causal=causal, **{**sizes, **options})
+
+
+class FilterTask(Task):
+    """RT-SDE direction filtering (see the module docstring and :class:`FilterConfig`)."""
+
+    name: ClassVar[str] = "filter"
+    models: ClassVar[tuple[str, ...]] = ("transformer", "rt", "rfa", "ngpt")
+    splits: ClassVar[tuple[str, ...]] = ("train", "val", "eval")
+
+    def __init__(self, config: FilterConfig | None = None):
+        self.config = config or FilterConfig()
+        self._pools: dict[str, FilterSample] = {}
+        self._baselines: dict[str, dict[str, float]] = {}
+
+    def pool(self, split: str) -> FilterSample:
+        """The fixed sequences of ``val`` or ``eval`` (drawn once from the split's seed, cached)."""
+        if split not in SPLIT_SEEDS:
+            raise ValueError(f"split {split!r} has no fixed pool; pools: {', '.join(SPLIT_SEEDS)}")
+        if split not in self._pools:
+            size = self.config.val_size if split == "val" else self.config.eval_size
+            generator = torch.Generator().manual_seed(SPLIT_SEEDS[split])
+            self._pools[split] = simulate(self.config, size, generator)
+        return self._pools[split]
+
+    def get_batch(
+        self, split: str, batch_size: int, generator: torch.Generator, device: torch.device | str = "cpu"
+    ) -> tuple[Tensor, Tensor]:
+        """``x`` ``(B, T, D + 1)`` = [z, times], ``y`` ``(B, T, D)`` = u; train fresh, val/eval pooled."""
+        if split not in self.splits:
+            raise ValueError(f"unknown split {split!r}; the filter task has {', '.join(self.splits)}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+        if split == "train":
+            sample = simulate(self.config, batch_size, generator)
+        else:
+            pool = self.pool(split)
+            index = torch.randint(pool.times.shape[0], (batch_size,), generator=generator)
+            sample = FilterSample(pool.times[index], pool.x[index], pool.z[index], pool.gains[index])
+        x = torch.cat((sample.z, sample.times[..., None]), dim=-1).float()
+        return x.to(device), sample.directions.float().to(device)
+
+    def build_model(self, model: str, config: Any) -> nn.Module:
+        """A causal :class:`FilterModel` around ``build_backbone(model, ...)`` with the trainer's sizes."""
+        if model not in self.models:
+            raise ValueError(f"the filter task supports models {', '.join(self.models)}, not {model!r}")
+        lm_config = backbone_config(config, causal=True, block_size=self.config.seq_len)
+        return FilterModel(model, self.config.dim, lm_config)
+
+    def metrics(self, prediction: Tensor, y: Tensor) -> dict[str, float]:
+        """``angle_deg``: mean angular error (degrees) of the causal estimates."""
+        return {"angle_deg": float(estimators.angular_error_deg(prediction, y).mean())}
+
+    def meta(self) -> dict[str, Any]:
+        return {"task": self.name, "config": dataclasses.asdict(self.config)}
+
+    def estimates(self, split: str = "val") -> dict[str, Tensor]:
+        """Every reference estimator's causal estimates ``(B, T, D)`` on the ``split`` pool."""
+        pool, c, sde = self.pool(split), self.config, self.config.sde()
+        generator = torch.Generator().manual_seed(SPLIT_SEEDS[split] + 1)
+        return {
+            "rt_filter": estimators.rt_filter(pool.z, pool.times, sde, beta=c.beta),
+            "uniform": estimators.uniform_transported_mean(pool.z, pool.times, sde),
+            "kalman": estimators.tangent_kalman_filter(pool.z, pool.times, sde, gain_ratio=c.gain_ratio),
+            "particle": estimators.particle_filter(
+                pool.z,
+                pool.times,
+                sde,
+                m0_range=c.m0_range,
+                gain_ratio=c.gain_ratio,
+                n_particles=c.n_particles,
+                generator=generator,
+            ),
+            "raw": estimators.raw_directions(pool.z),
+        }
+
+    def baselines(self, split: str = "val") -> dict[str, float]:
+        """``{name: mean angular error in degrees}`` of the reference estimators on the ``split`` pool.
+
+        ``rt_filter``: closed-form RT-Filter with the true μ_r, σ_t², η_t², ω and ``config.beta``;
+        ``uniform``: transported mean, precision ignored; ``kalman``: tangent-space Kalman filter;
+        ``particle``: bootstrap particle filter (the near-optimal bound); ``raw``: ``z/|z|``.
+        Computed once per split and cached.
+        """
+        if split not in self._baselines:
+            target = self.pool(split).directions
+            self._baselines[split] = {
+                name: float(estimators.angular_error_deg(estimate, target).mean())
+                for name, estimate in self.estimates(split).items()
+            }
+        return dict(self._baselines[split])
