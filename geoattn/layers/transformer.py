@@ -230,6 +230,22 @@ class Block(nn.Module):
 # The hypersphere (nGPT) family
 
 
+def to_sphere(x: Tensor) -> Tensor:
+    """Unit rows ``x/|x|`` of ``(..., C)``; a zero row, which has no direction, maps to ``(1, …, 1)/sqrt(C)``.
+
+    The fixed direction keeps the hypersphere models finite (values and gradients) on all-zero
+    inputs, where ``F.normalize`` would return 0 and backpropagate ``1/eps`` through every layer.
+    """
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    nonzero = norm > torch.finfo(x.dtype).tiny
+    return torch.where(nonzero, x / norm.clamp_min(torch.finfo(x.dtype).tiny), x.shape[-1] ** -0.5)
+
+
+def tangent_part(o: Tensor, h: Tensor) -> Tensor:
+    """``o − ⟨o, h⟩ h``: the part of ``o`` ``(..., C)`` tangent to the sphere at unit ``h`` ``(..., C)``."""
+    return o - (o * h).sum(-1, keepdim=True) * h
+
+
 def sphere_step(h: Tensor, o: Tensor, alpha: Tensor, *, tangent_correction: bool, step: str) -> Tensor:
     """Move unit states ``h`` towards the unit sublayer outputs ``o`` by per-channel steps ``alpha``.
 
@@ -247,15 +263,11 @@ def sphere_step(h: Tensor, o: Tensor, alpha: Tensor, *, tangent_correction: bool
     Returns:
         ``(..., C)`` unit-norm states.
     """
-    if tangent_correction:
-        d = o - (o * h).sum(-1, keepdim=True) * h
-    else:
-        d = o - h
-    s = alpha * d
+    s = alpha * (tangent_part(o, h) if tangent_correction else o - h)
     if step == "retraction":
-        return F.normalize(h + s, dim=-1)
+        return to_sphere(h + s)
     if step == "geodesic":
-        a = s - (s * h).sum(-1, keepdim=True) * h
+        a = tangent_part(s, h)
         r = torch.linalg.vector_norm(a, dim=-1, keepdim=True)
         return torch.cos(r) * h + torch.sinc(r / math.pi) * a  # sinc(r/π) = sin(r)/r, smooth at r = 0
     raise ValueError(f"step must be one of {STEPS}, got {step!r}")

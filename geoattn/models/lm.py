@@ -40,6 +40,7 @@ from geoattn.layers.transformer import (
     make_mlp,
     make_norm,
     normalize_,
+    to_sphere,
 )
 
 MODELS = ("transformer", "rt", "rfa", "ngpt")
@@ -166,7 +167,7 @@ class Backbone(nn.Module):
                     "use pos='rope' for length extrapolation"
                 )
             x = x + self.wpe(torch.arange(T, device=x.device))
-        return F.normalize(x, dim=-1) if self.sphere else x
+        return to_sphere(x) if self.sphere else x
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         x = self._prepare(x, positions)
