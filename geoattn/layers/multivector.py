@@ -1,0 +1,257 @@
+"""Equivariant layers on multivector channels (SPEC §2.2), generic over the algebra (Cl(3), PGA, ...).
+
+Tensors: multivectors ``(..., C, dim)`` (C channels, ``dim = algebra.dim``), invariant scalars ``(..., S)``.
+"Equivariant" means: for every versor g of the algebra's orthogonal group (O(n) in Cl(n); in PGA also
+translations), acting by ``x ↦ g x̂ g⁻¹`` (grade involution for odd g) on every multivector channel,
+the outputs transform the same way and the scalar outputs are unchanged.
+
+The O(n)-equivariant linear maps of multivectors are the grade projections; in a degenerate algebra
+(PGA) the left multiplication by the invariant null vector e0 is equivariant too (GATr). Multiplying
+by the pseudoscalar is *not* reflection-equivariant (it flips sign under reflections), so
+:class:`EquiLinear` does not use it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from geoattn.algebra.clifford_algebra import CliffordAlgebra
+
+
+def _check_mv(x: Tensor, algebra: CliffordAlgebra, channels: int, name: str, owner: str) -> None:
+    if x.dim() < 2 or x.shape[-1] != algebra.dim or x.shape[-2] != channels:
+        raise ValueError(
+            f"{owner}: {name} has shape {tuple(x.shape)}, expected (..., {channels}, {algebra.dim}) "
+            f"multivector channels of {algebra!r}"
+        )
+
+
+def _check_scalars(s: Tensor | None, channels: int, lead: torch.Size, name: str, owner: str) -> None:
+    if channels == 0:
+        if s is not None and s.shape[-1] != 0:
+            raise ValueError(f"{owner}: got {name} of shape {tuple(s.shape)} but the layer takes no scalars")
+        return
+    if s is None or tuple(s.shape) != (*lead, channels):
+        shape = None if s is None else tuple(s.shape)
+        raise ValueError(f"{owner}: {name} has shape {shape}, expected {(*lead, channels)}")
+
+
+def blade_grades(algebra: CliffordAlgebra) -> Tensor:
+    """``(dim,)`` long: the grade of each blade."""
+    return torch.tensor(algebra.grades, dtype=torch.long)
+
+
+def invariant_metric(algebra: CliffordAlgebra) -> Tensor:
+    """``(dim,)`` ``⟨ẽ_A e_A⟩₀``: the weights of GATr's invariant inner product (0 on blades with e0)."""
+    cayley = algebra.cayley.double()
+    g = blade_grades(algebra)
+    reverse = torch.where((g * (g - 1) // 2) % 2 == 1, -1.0, 1.0).double()
+    return reverse * cayley.diagonal(dim1=0, dim2=1)[0]
+
+
+class MultivectorEmbedding(nn.Module):
+    """Typed geometric inputs → multivector channels: one channel-mixing ``Linear`` per grade.
+
+    Equivariance fixes what may feed each grade: invariant scalar features only the scalar grade (a
+    bias is allowed there), vectors (given as vectors, ``(..., V, n)`` coordinates) only the vector
+    grade, bivectors (``(..., Bv, n(n-1)/2)`` in blade order) only the bivector grade; each is mixed
+    over channels with the coordinates untouched, which commutes with any rotation or reflection.
+
+    forward(scalars ``(..., S)`` | None, vectors ``(..., V, n)`` | None, bivectors ``(..., Bv, n(n-1)/2)``
+    | None) → ``(..., C, dim)``.
+    """
+
+    def __init__(
+        self,
+        algebra: CliffordAlgebra,
+        out_channels: int,
+        scalars: int = 0,
+        vectors: int = 0,
+        bivectors: int = 0,
+    ):
+        super().__init__()
+        if scalars + vectors + bivectors == 0:
+            raise ValueError("MultivectorEmbedding needs at least one of scalars, vectors, bivectors > 0")
+        self.algebra, self.out_channels = algebra, out_channels
+        self.sizes = {"scalars": scalars, "vectors": vectors, "bivectors": bivectors}
+        self.scalar = nn.Linear(scalars, out_channels) if scalars else None
+        self.vector = nn.Linear(vectors, out_channels, bias=False) if vectors else None
+        self.bivector = nn.Linear(bivectors, out_channels, bias=False) if bivectors else None
+
+    def forward(
+        self, scalars: Tensor | None = None, vectors: Tensor | None = None, bivectors: Tensor | None = None
+    ) -> Tensor:
+        ga = self.algebra
+        widths = {"scalars": None, "vectors": ga.n, "bivectors": len(ga.grade_indices[2])}
+        lead = None
+        for name, x in (("scalars", scalars), ("vectors", vectors), ("bivectors", bivectors)):
+            size = self.sizes[name]
+            if (x is None) != (size == 0):
+                raise ValueError(f"MultivectorEmbedding: {name} {'missing' if x is None else 'not expected'}")
+            if x is None:
+                continue
+            expect = (size,) if widths[name] is None else (size, widths[name])
+            if tuple(x.shape[-len(expect) :]) != expect:
+                raise ValueError(
+                    f"MultivectorEmbedding: {name} has shape {tuple(x.shape)}, expected (..., {expect})"
+                )
+            here = x.shape[: x.dim() - len(expect)]
+            if lead is not None and here != lead:
+                raise ValueError(
+                    f"MultivectorEmbedding: leading dims of {name} {tuple(here)} differ from {tuple(lead)}"
+                )
+            lead = here
+        parts = []
+        ref = next(x for x in (scalars, vectors, bivectors) if x is not None)
+        zeros = lambda k: ref.new_zeros(*lead, self.out_channels, k)  # noqa: E731
+        parts.append(self.scalar(scalars)[..., None] if scalars is not None else zeros(1))
+        parts.append(
+            self.vector(vectors.transpose(-1, -2)).transpose(-1, -2) if vectors is not None else zeros(ga.n)
+        )
+        nb = len(ga.grade_indices[2])
+        parts.append(
+            self.bivector(bivectors.transpose(-1, -2)).transpose(-1, -2)
+            if bivectors is not None
+            else zeros(nb)
+        )
+        parts.append(zeros(ga.dim - 1 - ga.n - nb))
+        return torch.cat(parts, -1)
+
+
+class GradeLayerNorm(nn.Module):
+    """Normalise each grade by its invariant norm, averaged over channels, times a learned gain per grade.
+
+    ``x_k ← g_k · x_k / sqrt(mean_c |⟨x̃_ck x_ck⟩₀| + eps)`` for each grade k. The norm is GATr's inner
+    product, invariant under the algebra's versors (in PGA blades with e0 do not count, so it is
+    translation-invariant; they are scaled along with their grade). A grade made only of null blades
+    (PGA's e0123) has no invariant norm and is left as is (times its gain).
+
+    forward ``(..., C, dim)`` → ``(..., C, dim)``.
+    """
+
+    def __init__(self, algebra: CliffordAlgebra, eps: float = 1e-6):
+        super().__init__()
+        self.algebra, self.eps = algebra, eps
+        grades = blade_grades(algebra)
+        metric = invariant_metric(algebra)
+        onehot = F.one_hot(grades, algebra.n + 1).double()  # (dim, G)
+        self.register_buffer("grade_onehot", onehot.float(), persistent=False)
+        self.register_buffer("metric", metric.float(), persistent=False)
+        normable = (onehot * metric.abs()[:, None]).sum(0) > 0  # (G,)
+        self.register_buffer("normable", normable, persistent=False)
+        self.gain = nn.Parameter(torch.ones(algebra.n + 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() < 2 or x.shape[-1] != self.algebra.dim:
+            raise ValueError(
+                f"GradeLayerNorm: x has shape {tuple(x.shape)}, expected (..., C, {self.algebra.dim})"
+            )
+        onehot = self.grade_onehot.to(x.dtype)
+        sq = ((x * x * self.metric.to(x.dtype)).mean(-2) @ onehot).abs()  # (..., G): per-grade mean ⟨x̃x⟩₀
+        scale = torch.where(self.normable, torch.rsqrt(sq + self.eps), torch.ones_like(sq)) * self.gain.to(
+            x.dtype
+        )
+        return x * (scale @ onehot.t()).unsqueeze(-2)
+
+
+class EquiLinear(nn.Module):
+    """Equivariant linear map of multivector (and scalar) channels, as GATr's.
+
+    ``y_d = Σ_k Σ_c w[k, d, c] ⟨x_c⟩_k`` (grade-wise channel mixing), plus, in degenerate algebras
+    (r ≥ 1, e.g. PGA), ``Σ_k Σ_c w0[k, d, c] e0 ⟨x_c⟩_k`` (e0 = the first basis vector, invariant under
+    every versor). Scalars: ``in_scalars`` feed the scalar grade of the outputs and the inputs' scalar
+    grade feeds ``out_scalars`` (both invariant); biases only on invariant slots (scalar grade, scalars).
+
+    forward(x ``(..., Cin, dim)``, s ``(..., Sin)`` | None) → (``(..., Cout, dim)``, ``(..., Sout)`` | None).
+    """
+
+    def __init__(
+        self,
+        algebra: CliffordAlgebra,
+        in_channels: int,
+        out_channels: int,
+        in_scalars: int = 0,
+        out_scalars: int = 0,
+        bias: bool = True,
+    ):
+        super().__init__()
+        if in_channels < 1 or out_channels < 1:
+            raise ValueError(f"EquiLinear needs ≥ 1 channels, got in={in_channels}, out={out_channels}")
+        self.algebra = algebra
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.in_scalars, self.out_scalars = in_scalars, out_scalars
+        G = algebra.n + 1
+        self.weight = nn.Parameter(torch.randn(G, out_channels, in_channels) / math.sqrt(in_channels))
+        self.register_buffer("grades", blade_grades(algebra), persistent=False)
+        if algebra.r > 0:
+            # x ↦ e0 x as a matrix (row vectors: (e0 x)_B = Σ_A x_A L0[A, B]), mixed per source grade
+            self.register_buffer("e0_left", algebra.cayley[1].clone(), persistent=False)
+            self.weight_e0 = nn.Parameter(
+                torch.randn(G, out_channels, in_channels) / math.sqrt(4 * in_channels)
+            )
+        else:
+            self.weight_e0 = None
+        self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
+        self.s_to_mv = nn.Linear(in_scalars, out_channels, bias=False) if in_scalars else None
+        self.mv_to_s = nn.Linear(in_channels, out_scalars, bias=bias) if out_scalars else None
+        self.s_to_s = nn.Linear(in_scalars, out_scalars, bias=False) if in_scalars and out_scalars else None
+
+    def forward(self, x: Tensor, s: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        _check_mv(x, self.algebra, self.in_channels, "x", "EquiLinear")
+        _check_scalars(s, self.in_scalars, x.shape[:-2], "s", "EquiLinear")
+        w = self.weight.to(x.dtype)[self.grades]  # (dim, out, in): the weight of each blade's grade
+        y = torch.einsum("...ca,adc->...da", x, w)
+        if self.weight_e0 is not None:
+            # e0 ⟨x⟩_k has grade k + 1: index the weight by the source grade of each output blade
+            ex = x @ self.e0_left.to(x.dtype)
+            w0 = self.weight_e0.to(x.dtype)[(self.grades - 1).clamp_min(0)]
+            y = y + torch.einsum("...ca,adc->...da", ex, w0)
+        scalar = y[..., 0]
+        if self.bias is not None:
+            scalar = scalar + self.bias.to(x.dtype)
+        if self.s_to_mv is not None:
+            scalar = scalar + self.s_to_mv(s)
+        y = torch.cat([scalar[..., None], y[..., 1:]], -1)
+        s_out = None
+        if self.out_scalars:
+            s_out = self.mv_to_s(x[..., 0])
+            if self.s_to_s is not None:
+                s_out = s_out + self.s_to_s(s)
+        return y, s_out
+
+
+class GeometricMLP(nn.Module):
+    """Equivariant MLP (GATr-style): EquiLinear → channel-wise geometric product → gated GELU → EquiLinear.
+
+    ``h, h' = EquiLinear(x)``; ``u = h h'`` (geometric product per channel, equivariant because the versor
+    action is an algebra automorphism); ``u ← u · GELU(⟨u⟩₀)`` (the gate is an invariant scalar);
+    scalars go through GELU; ``EquiLinear`` back to the input width.
+
+    forward(x ``(..., C, dim)``, s ``(..., S)`` | None) → same shapes.
+    """
+
+    def __init__(
+        self,
+        algebra: CliffordAlgebra,
+        channels: int,
+        scalars: int = 0,
+        hidden: int | None = None,
+        hidden_scalars: int | None = None,
+    ):
+        super().__init__()
+        self.algebra = algebra
+        hidden = hidden or 2 * channels
+        hidden_scalars = (hidden_scalars or 2 * scalars) if scalars else 0
+        self.hidden = hidden
+        self.inner = EquiLinear(algebra, channels, 2 * hidden, scalars, hidden_scalars)
+        self.outer = EquiLinear(algebra, hidden, channels, hidden_scalars, scalars)
+
+    def forward(self, x: Tensor, s: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        h, hs = self.inner(x, s)
+        u = self.algebra.geometric_product(h[..., : self.hidden, :], h[..., self.hidden :, :])
+        u = u * F.gelu(u[..., :1])
+        return self.outer(u, F.gelu(hs) if hs is not None else None)

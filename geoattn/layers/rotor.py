@@ -1,0 +1,149 @@
+"""Rotor attention as modules: :class:`RotorAttention` (multi-head, one head type per head) and
+:class:`RotorPositionalEncoding` (``R(t) = exp(t B / 2)``, learned bivector per head; RoPE in 2D).
+
+Multivectors are ``(B, N, C, dim)`` (tokens, channels, blades), invariant scalars ``(B, N, S)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from geoattn.algebra.clifford_algebra import CliffordAlgebra
+from geoattn.attention.rotor import HEAD_TYPES, rotor_attention
+from geoattn.layers.multivector import EquiLinear, blade_grades
+
+
+class RotorPositionalEncoding(nn.Module):
+    """``x ↦ R_h(t) x R̃_h(t)`` with ``R_h(t) = exp(t B_h / 2)``, one learned bivector ``B_h`` per head.
+
+    Applied to the q and k multivector channels, the attention logits see only relative positions:
+    ``⟨(R_i q R̃_i)~ (R_j k R̃_j)⟩₀ = ⟨q̃ R(t_j − t_i) k R̃(t_j − t_i)⟩₀`` since one head's rotors commute.
+    In Cl(2), ``B = θ e12`` rotates the (e1, e2) plane by ``−θ t``: RoPE (:func:`rotate_pairs`) with
+    ``ω = −θ``. Fixed planes pick directions, so this breaks rotation equivariance (as RoPE breaks
+    shift-equivariance of absolute coordinates): use it for sequences, not for point sets.
+
+    forward(x ``(B, H, N, C, dim)``, positions ``(N,)`` or ``(B, N)``) → ``(B, H, N, C, dim)``.
+    """
+
+    def __init__(self, algebra: CliffordAlgebra, n_heads: int, init_scale: float = 0.1):
+        super().__init__()
+        if algebra.n < 2:
+            raise ValueError(f"RotorPositionalEncoding needs n ≥ 2 (bivectors), got {algebra!r}")
+        self.algebra, self.n_heads = algebra, n_heads
+        self.bivector_index = list(algebra.grade_indices[2])
+        self.bivectors = nn.Parameter(init_scale * torch.randn(n_heads, len(self.bivector_index)))
+
+    def rotors(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
+        """``R_h(t)``: positions ``(N,)`` / ``(B, N)`` → ``(B|1, H, N, dim)``."""
+        t = positions if positions.dim() == 2 else positions[None]
+        half = self.bivectors.new_zeros(self.n_heads, self.algebra.dim).to(dtype)
+        half = half.index_copy(
+            -1, torch.tensor(self.bivector_index, device=half.device), self.bivectors.to(dtype)
+        )
+        return self.algebra.exp(t[:, None, :, None].to(dtype) * half[None, :, None, :] / 2)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        if x.dim() != 5 or x.shape[1] != self.n_heads or x.shape[-1] != self.algebra.dim:
+            raise ValueError(
+                f"RotorPositionalEncoding: x has shape {tuple(x.shape)}, expected (B, {self.n_heads}, N, C, "
+                f"{self.algebra.dim})"
+            )
+        if positions.shape[-1] != x.shape[2] or positions.dim() not in (1, 2):
+            raise ValueError(
+                f"RotorPositionalEncoding: positions has shape {tuple(positions.shape)}, expected (N,) or "
+                f"(B, N) with N = {x.shape[2]}"
+            )
+        action = self.algebra.versor_matrix(self.rotors(positions, x.dtype))  # (B|1, H, N, dim, dim)
+        return x @ action.transpose(-1, -2)
+
+
+class RotorAttention(nn.Module):
+    """Multi-head rotor attention over multivector channels (SPEC §2.2), equivariant by construction.
+
+    q, k, v: one :class:`EquiLinear` (scalars feed their scalar grade); head h runs
+    :func:`rotor_attention` with ``head_types[h]``; each head's output gets a learned gain per grade
+    (the geometric aggregation of the heads), then an output :class:`EquiLinear` mixes the heads'
+    channels back to the model width (and produces the scalar outputs).
+
+    Args:
+        algebra: the algebra of the channels.
+        channels: multivector channels C of input and output; scalars: invariant scalar channels S.
+        head_types: one entry of ``HEAD_TYPES`` per head (``"frame"``: Cl(3) and ≥ 2 head channels).
+        head_channels: multivector channels per head (q, k and v).
+        causal: attend to earlier tokens only. inverse: key → query rotors (rotation heads).
+        positional_encoding: rotate q, k by :class:`RotorPositionalEncoding` (breaks equivariance;
+            needs ``positions`` in forward).
+
+    forward(x ``(B, N, C, dim)``, s ``(B, N, S)`` | None, mask ``(B, N)`` bool | None (True = real
+    token), positions ``(N,)`` | ``(B, N)`` | None) → (``(B, N, C, dim)``, ``(B, N, S)`` | None).
+    """
+
+    def __init__(
+        self,
+        algebra: CliffordAlgebra,
+        channels: int,
+        head_types: list[str] | tuple[str, ...] = ("rotation",) * 4,
+        head_channels: int = 4,
+        scalars: int = 0,
+        causal: bool = False,
+        inverse: bool = False,
+        positional_encoding: bool = False,
+    ):
+        super().__init__()
+        head_types = tuple(head_types)
+        if not head_types:
+            raise ValueError("RotorAttention needs at least one head in head_types")
+        for t in head_types:
+            if t not in HEAD_TYPES:
+                raise ValueError(f"RotorAttention: unknown head type {t!r}, expected one of {HEAD_TYPES}")
+        if "frame" in head_types and ((algebra.p, algebra.q, algebra.r) != (3, 0, 0) or head_channels < 2):
+            raise ValueError(
+                f"RotorAttention: 'frame' heads need Cl(3) and head_channels ≥ 2, got {algebra!r}, "
+                f"head_channels={head_channels}"
+            )
+        self.algebra, self.channels, self.scalars = algebra, channels, scalars
+        self.head_types, self.head_channels = head_types, head_channels
+        self.causal, self.inverse = causal, inverse
+        H = len(head_types)
+        self.qkv = EquiLinear(algebra, channels, 3 * H * head_channels, scalars, 0)
+        self.grade_gain = nn.Parameter(torch.ones(H, algebra.n + 1))
+        self.register_buffer("grades", blade_grades(algebra), persistent=False)
+        self.out = EquiLinear(algebra, H * head_channels, channels, 0, scalars)
+        self.positional = RotorPositionalEncoding(algebra, H) if positional_encoding else None
+        # heads of one type run together; `order` puts their outputs back in head order
+        self.groups = {
+            t: [h for h, ht in enumerate(head_types) if ht == t] for t in dict.fromkeys(head_types)
+        }
+        concat = [h for idx in self.groups.values() for h in idx]
+        self.register_buffer("order", torch.argsort(torch.tensor(concat)), persistent=False)
+
+    def forward(
+        self, x: Tensor, s: Tensor | None = None, mask: Tensor | None = None, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        if x.dim() != 4:
+            raise ValueError(f"RotorAttention: x has shape {tuple(x.shape)}, expected (B, N, C, dim)")
+        B, N = x.shape[:2]
+        H, Ch = len(self.head_types), self.head_channels
+        qkv, _ = self.qkv(x, s)  # (B, N, 3·H·Ch, dim)
+        q, k, v = qkv.view(B, N, 3, H, Ch, -1).permute(2, 0, 3, 1, 4, 5)  # each (B, H, N, Ch, dim)
+        if self.positional is not None:
+            if positions is None:
+                raise ValueError("RotorAttention: positional_encoding=True needs positions")
+            q, k = self.positional(q, positions), self.positional(k, positions)
+        outs = [
+            rotor_attention(
+                q[:, idx],
+                k[:, idx],
+                v[:, idx],
+                algebra=self.algebra,
+                head_type=t,
+                causal=self.causal,
+                inverse=self.inverse and t in ("rotation", "reflection"),
+                key_mask=mask,
+            )
+            for t, idx in self.groups.items()
+        ]
+        o = torch.cat(outs, 1)[:, self.order]  # (B, H, N, Ch, dim) in head order
+        o = o * self.grade_gain.to(o.dtype)[:, self.grades][:, None, None, :]
+        return self.out(o.permute(0, 2, 1, 3, 4).reshape(B, N, H * Ch, -1), None)

@@ -1,0 +1,167 @@
+"""`RotorTransformer`: an equivariant transformer for point sets on multivector channels (SPEC §2).
+
+Input per token: multivector channels ``(B, N, C_in, dim)`` and optional invariant scalars
+``(B, N, S_in)``; output: ``(B, N, C_out, dim)`` and ``(B, N, S_out)``. Blocks are pre-norm:
+``GradeLayerNorm → RotorAttention → residual``, ``GradeLayerNorm → GeometricMLP → residual`` (scalars
+ride along with a plain LayerNorm). Every layer is equivariant under the algebra's versors, so the
+model is: O(3) in Cl(3) (translations: the caller centres positions, e.g. with :func:`center`), E(3)
+in PGA Cl(3,0,1) (GATr's embedding: points as trivectors, translations act by versors too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor, nn
+
+from geoattn.algebra.clifford_algebra import CliffordAlgebra
+from geoattn.attention.rotor import HEAD_TYPES
+from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
+from geoattn.layers.rotor import RotorAttention
+
+ALGEBRAS = {"cl3": (3, 0, 0), "pga": (3, 0, 1)}
+
+
+@dataclass
+class RotorTransformerConfig:
+    """Shape and options of a :class:`RotorTransformer`.
+
+    Fields:
+        algebra: ``"cl3"`` (Cl(3), O(3)-equivariant; centre positions first) or ``"pga"`` (Cl(3,0,1), E(3)).
+        in_channels, in_scalars: multivector / scalar inputs per token.
+        out_channels, out_scalars: multivector / scalar outputs per token.
+        channels, scalars: model width in multivector and scalar channels.
+        n_layer: blocks. head_types: one ``HEAD_TYPES`` entry per head (their count is the head count).
+        head_channels: multivector channels per head. mlp_ratio: MLP hidden width / channels.
+        inverse: key → query rotors in rotation heads.
+    """
+
+    algebra: str = "cl3"
+    in_channels: int = 1
+    in_scalars: int = 0
+    out_channels: int = 1
+    out_scalars: int = 0
+    channels: int = 16
+    scalars: int = 16
+    n_layer: int = 4
+    head_types: tuple[str, ...] = ("rotation", "rotation", "reflection", "projection")
+    head_channels: int = 4
+    mlp_ratio: int = 2
+    inverse: bool = False
+
+    def __post_init__(self) -> None:
+        self.head_types = tuple(self.head_types)
+        if self.algebra not in ALGEBRAS:
+            raise ValueError(
+                f"RotorTransformerConfig.algebra must be one of {tuple(ALGEBRAS)}, got {self.algebra!r}"
+            )
+        for name in ("in_channels", "out_channels", "channels", "n_layer", "head_channels", "mlp_ratio"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"RotorTransformerConfig.{name} must be a positive integer, got {value!r}")
+        for name in ("in_scalars", "out_scalars", "scalars"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"RotorTransformerConfig.{name} must be an integer ≥ 0, got {value!r}")
+        if not self.head_types or any(t not in HEAD_TYPES for t in self.head_types):
+            raise ValueError(
+                f"RotorTransformerConfig.head_types must be a non-empty list of {HEAD_TYPES}, "
+                f"got {self.head_types}"
+            )
+        if "frame" in self.head_types and (self.algebra != "cl3" or self.head_channels < 2):
+            raise ValueError("RotorTransformerConfig: 'frame' heads need algebra='cl3' and head_channels ≥ 2")
+        if (self.in_scalars or self.out_scalars) and not self.scalars:
+            raise ValueError(
+                "RotorTransformerConfig: scalar inputs/outputs need scalars > 0 (the scalar width)"
+            )
+
+    def make_algebra(self) -> CliffordAlgebra:
+        return CliffordAlgebra(*ALGEBRAS[self.algebra])
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["head_types"] = list(self.head_types)
+        return d
+
+
+def center(points: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Subtract the (masked) mean over tokens: ``(B, N, ...)`` → ``(B, N, ...)``. Makes Cl(3) inputs
+    translation-invariant (positions only; velocities are already translation-invariant).
+
+    mask: ``(B, N)`` bool, True for real tokens.
+    """
+    if mask is None:
+        return points - points.mean(1, keepdim=True)
+    w = mask.to(points.dtype).reshape(*mask.shape, *([1] * (points.dim() - 2)))
+    return points - (points * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1)
+
+
+class RotorBlock(nn.Module):
+    """Pre-norm block: ``x + RotorAttention(norm(x))``, then ``x + GeometricMLP(norm(x))``; scalars alike."""
+
+    def __init__(self, algebra: CliffordAlgebra, config: RotorTransformerConfig):
+        super().__init__()
+        C, S = config.channels, config.scalars
+        self.norm1, self.norm2 = GradeLayerNorm(algebra), GradeLayerNorm(algebra)
+        self.snorm1 = nn.LayerNorm(S) if S else None
+        self.snorm2 = nn.LayerNorm(S) if S else None
+        self.attn = RotorAttention(
+            algebra, C, config.head_types, config.head_channels, scalars=S, inverse=config.inverse
+        )
+        self.mlp = GeometricMLP(algebra, C, S, hidden=config.mlp_ratio * C)
+
+    def forward(self, x: Tensor, s: Tensor | None, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        dx, ds = self.attn(self.norm1(x), self.snorm1(s) if s is not None else None, mask)
+        x, s = x + dx, (s + ds if s is not None else None)
+        dx, ds = self.mlp(self.norm2(x), self.snorm2(s) if s is not None else None)
+        return x + dx, (s + ds if s is not None else None)
+
+
+class RotorTransformer(nn.Module):
+    """Equivariant transformer on multivector channels (see the module docstring).
+
+    forward(mv ``(B, N, C_in, dim)``, scalars ``(B, N, S_in)`` | None, mask ``(B, N)`` bool | None
+    (True = real token; padded tokens are never attended to)) → (mv_out ``(B, N, C_out, dim)``,
+    scalars_out ``(B, N, S_out)``; ``S_out = 0`` gives an empty last dimension).
+    """
+
+    def __init__(self, config: RotorTransformerConfig):
+        super().__init__()
+        self.config = config
+        self.algebra = config.make_algebra()
+        C, S = config.channels, config.scalars
+        self.embed = EquiLinear(self.algebra, config.in_channels, C, config.in_scalars, S)
+        self.blocks = nn.ModuleList(RotorBlock(self.algebra, config) for _ in range(config.n_layer))
+        self.norm = GradeLayerNorm(self.algebra)
+        self.head = EquiLinear(self.algebra, C, config.out_channels, S, config.out_scalars)
+
+    def forward(
+        self, mv: Tensor, scalars: Tensor | None = None, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        cfg, dim = self.config, self.algebra.dim
+        if mv.dim() != 4 or mv.shape[2:] != (cfg.in_channels, dim):
+            raise ValueError(
+                f"RotorTransformer: mv has shape {tuple(mv.shape)}, expected (B, N, {cfg.in_channels}, {dim})"
+            )
+        B, N = mv.shape[:2]
+        if cfg.in_scalars and (scalars is None or tuple(scalars.shape) != (B, N, cfg.in_scalars)):
+            shape = None if scalars is None else tuple(scalars.shape)
+            raise ValueError(
+                f"RotorTransformer: scalars has shape {shape}, expected {(B, N, cfg.in_scalars)}"
+            )
+        if not cfg.in_scalars and scalars is not None and scalars.shape[-1] != 0:
+            raise ValueError(
+                f"RotorTransformer: got scalars {tuple(scalars.shape)} but config.in_scalars = 0"
+            )
+        if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (B, N)):
+            raise ValueError(
+                f"RotorTransformer: mask must be bool of shape {(B, N)}, got {mask.dtype} {tuple(mask.shape)}"
+            )
+        x, s = self.embed(mv, scalars if cfg.in_scalars else None)
+        for block in self.blocks:
+            x, s = block(x, s, mask)
+        mv_out, s_out = self.head(self.norm(x), s)
+        if s_out is None:
+            s_out = mv_out.new_zeros(B, N, 0)
+        return mv_out, s_out
