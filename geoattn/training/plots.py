@@ -57,7 +57,7 @@ def attention_map(out: Path, model: nn.Module, x: torch.Tensor) -> Path | None:
     plt = _pyplot()
     was_training = model.training
     model.eval()
-    weights = model.attention_maps(x[:1])[0][0, 0].float().cpu()  # (T, T)
+    weights = model.attention_maps(x[:1])[0][0, 0].float().cpu().numpy()  # (T, T)
     model.train(was_training)
     fig, ax = plt.subplots(figsize=(5, 4.5))
     image = ax.imshow(weights, cmap="viridis", interpolation="nearest")
@@ -89,8 +89,8 @@ def rt_precision(out: Path, model: nn.Module) -> Path | None:
     fig, (ax_m, ax_t) = plt.subplots(1, 2, figsize=(10, 4))
     for h in range(params["mu_r"].shape[0]):
         head = {k: params[k][h] for k in ("mu_r", "sigma_t2", "eta_t2")}
-        ax_m.plot(m, m**2 / rt_noise_variance(torch.ones(()), **head), label=f"head {h}")
-        ax_t.plot(dt, 1.0 / rt_noise_variance(dt, **head), label=f"head {h}")
+        ax_m.plot(m.numpy(), (m**2 / rt_noise_variance(torch.ones(()), **head)).numpy(), label=f"head {h}")
+        ax_t.plot(dt.numpy(), (1.0 / rt_noise_variance(dt, **head)).numpy(), label=f"head {h}")
     ax_m.set(xlabel="key magnitude m = |k|", ylabel="κ at Δt = 1", title="precision vs key magnitude")
     ax_t.set(xlabel="Δt (tokens)", ylabel="κ at m = 1", yscale="log", title="precision vs Δt")
     ax_m.legend(fontsize=7)

@@ -1,0 +1,350 @@
+"""The `geoattn` command line: train / eval / sample / data, config layering, and every bad input
+ending in one line `geoattn <cmd>: error: ...` with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from geoattn.cli import build_parser, main
+from geoattn.tasks import data as registry
+
+SHAKESPEARE = Path(__file__).parents[2] / "shared/data/tinyshakespeare.txt"
+TINY = [
+    "--task",
+    "lm",
+    "--model",
+    "transformer",
+    "--data",
+    str(SHAKESPEARE),
+    "--max-iters",
+    "6",
+    "--eval-interval",
+    "3",
+    "--eval-iters",
+    "2",
+    "--batch-size",
+    "8",
+    "--block-size",
+    "16",
+    "--n-layer",
+    "1",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "32",
+    "--no-plots",
+]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_usage_error(capsys, argv: list[str], command: str, *fragments: str) -> str:
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"geoattn {command}: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """One tiny lm run shared by the eval / sample / checkpoint tests (they copy it before damaging it)."""
+    out = tmp_path_factory.mktemp("cli") / "run"
+    assert main(["train", *TINY, "--out", str(out)]) == 0
+    return out
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for p in src.iterdir():
+        (dst / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+@pytest.mark.parametrize("command", ["quickstart", "train", "eval", "sample", "data", "bench"])
+def test_every_subcommand_has_help(capsys, command):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert f"usage: geoattn {command}" in capsys.readouterr().out
+
+
+def test_train_flags_are_the_documented_ones():
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    flags = {s for action in train._actions for s in action.option_strings}
+    documented = (
+        "--task --model --data --out --max-iters --eval-interval --eval-iters --batch-size --block-size "
+    )
+    documented += "--n-layer --n-head --n-embd --lr --seed --device --resume --force --config --set"
+    assert set(documented.split()) <= flags
+
+
+def test_train_writes_a_run_and_reports_it(trained, capsys):
+    lines = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iter"] for r in lines] == [1, 2, 3, 4, 5, 6]
+    config = json.loads((trained / "config.json").read_text())["train"]
+    assert (config["n_embd"], config["max_iters"], config["data"]) == (32, 6, str(SHAKESPEARE))
+
+
+def test_toml_then_set_then_flags(tmp_path, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_text(
+        "max_iters = 100\nlr = 0.5\n\n[optim]\nwarmup_iters = 1\nweight_decay = 0.0\n\n"
+        '[model_options]\nmlp = "gelu"\n'
+    )
+    out = tmp_path / "run"
+    code, _, _ = run(
+        capsys,
+        "train",
+        *TINY,
+        "--out",
+        str(out),
+        "--config",
+        str(toml),
+        "--set",
+        "lr=0.01",
+        "--set",
+        "model.dropout=0.0",
+        "--set",
+        "min_lr=1e-3",
+    )
+    assert code == 0
+    config = json.loads((out / "config.json").read_text())["train"]
+    assert config["max_iters"] == 6  # the flag beats the TOML
+    assert config["lr"] == 0.01  # --set beats the TOML
+    assert config["min_lr"] == 1e-3 and config["warmup_iters"] == 1 and config["weight_decay"] == 0.0
+    assert config["model_options"] == {"mlp": "gelu", "dropout": 0.0}
+    assert json.loads((out / "config.json").read_text())["model"]["mlp"] == "gelu"
+
+
+def test_eval_prints_the_length_extrapolation_table(trained, capsys):
+    code, out, _ = run(capsys, "eval", "--out", str(trained), "--eval-iters", "1")
+    assert code == 0
+    rows = [
+        line for line in out.splitlines() if line.startswith("| ") and "×" in line and "context" not in line
+    ]
+    assert [row.split("|")[1].strip() for row in rows] == ["16", "32", "64", "128"]
+    losses = [float(row.split("|")[3]) for row in rows]  # RoPE: every length runs
+    assert all(0 < loss < 10 for loss in losses)
+
+
+def test_eval_reports_what_learned_positions_cannot_do(tmp_path, capsys):
+    out = tmp_path / "learned"
+    assert main(["train", *TINY, "--out", str(out), "--set", 'model.pos="learned"']) == 0
+    capsys.readouterr()
+    code, text, _ = run(capsys, "eval", "--out", str(out), "--eval-iters", "1")
+    assert code == 0
+    rows = [line for line in text.splitlines() if "×" in line and "context" not in line]
+    assert float(rows[0].split("|")[3]) > 0
+    assert all("n/a" in row for row in rows[1:])
+
+
+def test_sample_continues_the_prompt(trained, capsys):
+    code, out, _ = run(
+        capsys,
+        "sample",
+        "--out",
+        str(trained),
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        "30",
+        "--seed",
+        "1",
+        "--top-k",
+        "5",
+    )
+    assert code == 0
+    text = out.rstrip("\n")
+    assert text.startswith("ROMEO:") and len(text) == len("ROMEO:") + 30
+    again = run(
+        capsys,
+        "sample",
+        "--out",
+        str(trained),
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        "30",
+        "--seed",
+        "1",
+        "--top-k",
+        "5",
+    )[1]
+    assert again == out  # the seed makes it reproducible
+    assert_usage_error(capsys, ["sample", "--out", str(trained), "--prompt", "Ωmega"], "sample", "'Ω'")
+
+
+def test_data_list_and_offline_download(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    code, out, _ = run(capsys, "data", "list")
+    assert code == 0 and "tinyshakespeare" in out and str(tmp_path / "geoattn") in out
+
+    def offline(url, timeout=None):
+        raise registry.urllib.error.URLError("Temporary failure in name resolution")
+
+    monkeypatch.setattr(registry.urllib.request, "urlopen", offline)
+    assert_usage_error(capsys, ["data", "download", "tinyshakespeare"], "data", "pass --data FILE")
+    assert_usage_error(capsys, ["data", "download", "nope"], "data", "unknown dataset 'nope'")
+    # --data NAME downloads on first use: offline, the same one line
+    assert_usage_error(
+        capsys,
+        ["train", *TINY, "--data", "tinyshakespeare", "--out", str(tmp_path / "r")],
+        "train",
+        "pass --data FILE",
+    )
+
+
+# ----------------------------------------------------------------------------- bad input -----------
+@pytest.mark.parametrize(
+    "content, fragment",
+    [(None, "does not exist"), (b"", "is empty"), (b"\xff\xfe\x00bad", "is not UTF-8")],
+)
+def test_bad_data_files(tmp_path, capsys, content, fragment):
+    path = tmp_path / "corpus.txt"
+    if content is not None:
+        path.write_bytes(content)
+    assert_usage_error(
+        capsys,
+        ["train", *TINY, "--data", str(path), "--out", str(tmp_path / "r")],
+        "train",
+        fragment,
+        "corpus.txt",
+    )
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--task", "vision"], ["unknown task 'vision'", "lm, filter, nbody"]),
+        (["--model", "gpt5"], ["supports models transformer, rt, rfa, ngpt", "'gpt5'"]),
+        (["--model", "rotor"], ["lm task supports models", "'rotor'"]),
+        (["--set", "lerning_rate=1"], ["unknown config key 'lerning_rate'", "valid keys:", "max_iters"]),
+        (["--set", "model.widht=3"], ["unknown model option(s) widht", "valid:"]),
+        (["--max-iters", "0"], ["max_iters must be >= 1"]),
+    ],
+)
+def test_bad_settings(tmp_path, capsys, flags, fragments):
+    assert_usage_error(capsys, ["train", *TINY, *flags, "--out", str(tmp_path / "r")], "train", *fragments)
+
+
+def test_a_typo_in_the_toml_lists_the_valid_keys(tmp_path, capsys):
+    toml = tmp_path / "bad.toml"
+    toml.write_text("[optim]\nlearning_rate = 1e-3\n")
+    line = assert_usage_error(
+        capsys,
+        ["train", *TINY, "--config", str(toml), "--out", str(tmp_path / "r")],
+        "train",
+        "unknown config key 'learning_rate'",
+        "bad.toml",
+        "valid keys:",
+    )
+    for key in ("lr", "min_lr", "warmup_iters", "batch_size", "model.KEY"):
+        assert key in line
+
+
+def test_out_is_never_overwritten_without_resume_or_force(trained, tmp_path, capsys):
+    out = copy_run(trained, tmp_path / "run")
+    before = (out / "metrics.jsonl").read_text()
+    assert_usage_error(
+        capsys, ["train", *TINY, "--out", str(out)], "train", "is not empty", "--resume", "--force"
+    )
+    assert (out / "metrics.jsonl").read_text() == before
+    (out / "notes.txt").write_text("mine")
+    code, _, _ = run(capsys, "train", *TINY, "--max-iters", "2", "--out", str(out), "--force")
+    assert code == 0
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (out / "notes.txt").read_text() == "mine"  # --force replaces run files only
+
+
+def test_resume_without_a_checkpoint(tmp_path, capsys):
+    assert_usage_error(
+        capsys, ["train", "--out", str(tmp_path / "empty"), "--resume"], "train", "--resume: no checkpoint in"
+    )
+
+
+def test_resume_continues_and_may_extend_the_run(trained, tmp_path, capsys):
+    out = copy_run(trained, tmp_path / "run")
+    code, _, err = run(capsys, "train", "--out", str(out), "--resume", "--max-iters", "8")
+    assert code == 0 and "resuming" in err and "at iter 6" in err
+    assert [json.loads(line)["iter"] for line in (out / "metrics.jsonl").read_text().splitlines()] == list(
+        range(1, 9)
+    )
+
+
+def test_truncated_weights(trained, tmp_path, capsys):
+    out = copy_run(trained, tmp_path / "run")
+    data = (out / "model.safetensors").read_bytes()
+    (out / "model.safetensors").write_bytes(data[: len(data) // 3])
+    assert_usage_error(
+        capsys, ["eval", "--out", str(out)], "eval", "model.safetensors is corrupt or truncated"
+    )
+    assert_usage_error(capsys, ["train", "--out", str(out), "--resume"], "train", "corrupt or truncated")
+
+
+def test_model_config_that_does_not_match_the_weights(trained, tmp_path, capsys):
+    out = copy_run(trained, tmp_path / "run")
+    assert_usage_error(
+        capsys,
+        ["train", "--out", str(out), "--resume", "--n-embd", "64"],
+        "train",
+        "does not match the model built from its config.json",
+    )
+    config = json.loads((out / "config.json").read_text())
+    config["train"]["n_layer"] = 2
+    (out / "config.json").write_text(json.dumps(config))
+    assert_usage_error(capsys, ["eval", "--out", str(out)], "eval", "does not match", "Missing key(s)")
+    (out / "config.json").write_text("{not json")
+    assert_usage_error(capsys, ["sample", "--out", str(out)], "sample", "config.json is not valid JSON")
+
+
+def test_eval_of_a_folder_without_a_run(tmp_path, capsys):
+    assert_usage_error(capsys, ["eval", "--out", str(tmp_path)], "eval", "holds no geoattn run")
+
+
+def test_the_real_command_exits_2_with_one_line_and_no_traceback(tmp_path):
+    missing = tmp_path / "missing.txt"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "geoattn",
+            "train",
+            *TINY,
+            "--data",
+            str(missing),
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.strip()
+        == f"geoattn train: error: data file {missing} does not exist (nor is it a dataset "
+        f"name: tinyshakespeare)"
+    )
+    bad_flag = subprocess.run(
+        [sys.executable, "-m", "geoattn", "train", "--max-iters", "x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad_flag.returncode == 2 and len(bad_flag.stderr.strip().splitlines()) == 1
+    assert bad_flag.stderr.startswith("geoattn train: error: ")

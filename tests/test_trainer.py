@@ -1,0 +1,248 @@
+"""The trainer: schedule, metrics, checkpoints, exact resume, Ctrl-C, plots, and that it learns."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from geoattn.tasks.lm import LMTask
+from geoattn.training import checkpoint as ckpt
+from geoattn.training.config import TrainConfig
+from geoattn.training.plots import make_plots
+from geoattn.training.trainer import Trainer, cosine_lr, optimizer_groups
+
+SHAKESPEARE = Path(__file__).parents[2] / "shared/data/tinyshakespeare.txt"
+
+
+@pytest.fixture(scope="module")
+def task() -> LMTask:
+    return LMTask(SHAKESPEARE, block_size=16)
+
+
+def tiny(out: Path, **fields) -> TrainConfig:
+    """1 layer, 32 wide, context 16: a few iterations take well under a second."""
+    values = dict(
+        task="lm",
+        model="transformer",
+        data=str(SHAKESPEARE),
+        out=str(out),
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        block_size=16,
+        batch_size=8,
+        max_iters=20,
+        eval_interval=10,
+        eval_iters=2,
+        warmup_iters=4,
+        lr=3e-3,
+        min_lr=3e-4,
+        plots=False,
+    )
+    return TrainConfig(**{**values, **fields})
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / ckpt.METRICS_FILE).read_text().splitlines()]
+
+
+def test_schedule_warms_up_linearly_then_follows_a_cosine_to_min_lr():
+    config = TrainConfig(lr=1.0, min_lr=0.1, warmup_iters=10, max_iters=110)
+    assert [cosine_lr(i, config) for i in range(3)] == pytest.approx([1 / 11, 2 / 11, 3 / 11])
+    assert cosine_lr(10, config) == pytest.approx(1.0)
+    assert cosine_lr(60, config) == pytest.approx(0.55)  # half way: the mean of lr and min_lr
+    assert cosine_lr(35, config) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi / 4)))
+    assert cosine_lr(110, config) == cosine_lr(500, config) == pytest.approx(0.1)
+    decay = [cosine_lr(i, config) for i in range(10, 111)]
+    assert all(a >= b for a, b in zip(decay, decay[1:]))
+
+
+def test_weight_decay_falls_back_to_matrices_only():
+    model = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4))
+    decayed, plain = optimizer_groups(model, 0.1)
+    assert {p.dim() for p in decayed["params"]} == {2} and decayed["weight_decay"] == 0.1
+    assert {p.dim() for p in plain["params"]} == {1} and plain["weight_decay"] == 0.0
+    assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
+
+
+def test_metrics_config_and_checkpoint_files(task, tmp_path):
+    out = tmp_path / "run"
+    result = Trainer(tiny(out, max_iters=12, eval_interval=5), task, out, verbose=False).train()
+    lines = records(out)
+    assert [r["iter"] for r in lines] == list(range(1, 13))
+    evaluated = [r["iter"] for r in lines if r["val_loss"] is not None]
+    assert evaluated == [5, 10, 12]  # every eval_interval and the last step
+    for r in lines:
+        assert {"iter", "train_loss", "val_loss", "lr", "tokens_per_s"} <= r.keys()
+        assert r["tokens_per_s"] > 0 and math.isfinite(r["train_loss"])
+    assert lines[-1]["val_loss"] == result["val_loss"] and result["iter"] == 12
+    files = ["config.json", "metrics.jsonl", "model.safetensors", "trainer_state.pt"]
+    assert sorted(p.name for p in out.iterdir()) == files
+    config = json.loads((out / "config.json").read_text())
+    assert config["train"]["n_embd"] == 32 and config["train"]["max_iters"] == 12
+    assert config["task"]["vocab"] == task.vocab
+    assert config["model"]["n_embd"] == 32 and config["model"]["vocab_size"] == 65
+    assert ckpt.load_trainer_state(out)["iter"] == 12
+
+
+def test_evaluation_uses_the_same_batches_every_time(task, tmp_path):
+    trainer = Trainer(tiny(tmp_path), task, tmp_path, verbose=False)
+    first, second = trainer.evaluate(), trainer.evaluate()
+    assert first == second
+    assert set(first) == {"train_eval_loss", "val_loss"}
+    state = trainer.data_generator.get_state()
+    trainer.evaluate()
+    assert torch.equal(state, trainer.data_generator.get_state())  # evaluation never moves the training data
+
+
+def _interrupt_at(monkeypatch, step: int, how: str) -> None:
+    """Ctrl-C while step ``step`` draws its batch: a real SIGINT, or a KeyboardInterrupt raised there."""
+    original_step, original_batch = Trainer._step, LMTask.get_batch
+    current = {"step": 0}
+
+    def _step(self):
+        current["step"] = self.iter + 1
+        try:
+            return original_step(self)
+        finally:
+            current["step"] = 0
+
+    def get_batch(self, split, *args, **kwargs):
+        batch = original_batch(self, split, *args, **kwargs)  # the generator moves before the interrupt
+        if current["step"] == step:
+            if how == "sigint":
+                os.kill(os.getpid(), signal.SIGINT)
+            else:
+                raise KeyboardInterrupt
+        return batch
+
+    monkeypatch.setattr(Trainer, "_step", _step)
+    monkeypatch.setattr(LMTask, "get_batch", get_batch)
+
+
+@pytest.mark.parametrize("model, how", [("transformer", "sigint"), ("rt", "keyboardinterrupt")])
+def test_ctrl_c_saves_and_resume_continues_exactly(task, tmp_path, monkeypatch, model, how):
+    # dropout draws from the global RNG, so this also checks that its state is restored
+    config = dict(model=model, dropout=0.1, max_iters=16, eval_interval=5)
+    full = tmp_path / "full"
+    Trainer(tiny(full, **config), task, full, verbose=False).train()
+
+    part = tmp_path / "part"
+    with monkeypatch.context() as patch:
+        _interrupt_at(patch, step=8, how=how)
+        result = Trainer(tiny(part, **config), task, part, verbose=False).train()
+    # SIGINT stops after finishing step 8; an exception inside step 8 rewinds to step 7
+    stopped = 8 if how == "sigint" else 7
+    assert result["interrupted"] and result["iter"] == stopped
+    assert ckpt.load_trainer_state(part)["iter"] == stopped
+    assert [r["iter"] for r in records(part)][-1] == stopped
+
+    resumed = Trainer(tiny(part, **config), task, part, verbose=False)
+    resumed.resume()
+    assert resumed.iter == stopped
+    assert not resumed.train()["interrupted"]
+    expected, got = records(full), records(part)
+    assert [r["iter"] for r in got] == [r["iter"] for r in expected]
+    for a, b in zip(expected, got):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-6), a["iter"]
+        assert b["lr"] == a["lr"]
+        assert (a["val_loss"] is None) == (b["val_loss"] is None)
+        if a["val_loss"] is not None:
+            assert b["val_loss"] == pytest.approx(a["val_loss"], abs=1e-6)
+
+
+def test_resume_with_more_iterations_matches_one_long_run(task, tmp_path):
+    # the schedule is pinned by lr_decay_iters, so stopping at 8 and extending to 16 is one run
+    full, part = tmp_path / "full", tmp_path / "part"
+    Trainer(tiny(full, max_iters=16, lr_decay_iters=16, eval_interval=4), task, full, verbose=False).train()
+    Trainer(tiny(part, max_iters=8, lr_decay_iters=16, eval_interval=4), task, part, verbose=False).train()
+    trainer = Trainer(tiny(part, max_iters=16, lr_decay_iters=16, eval_interval=4), task, part, verbose=False)
+    trainer.resume()
+    trainer.train()
+    expected = [(r["iter"], r["train_loss"], r["val_loss"]) for r in records(full)]
+    got = [(r["iter"], r["train_loss"], r["val_loss"]) for r in records(part)]
+    assert got == expected
+
+
+def test_resume_drops_metrics_written_after_the_checkpoint(task, tmp_path):
+    out = tmp_path / "run"
+    Trainer(tiny(out, max_iters=10, eval_interval=5), task, out, verbose=False).train()
+    # a crash after iter 10's checkpoint but before the next: lines 11..12 must not survive a resume
+    with open(out / ckpt.METRICS_FILE, "a") as f:
+        for i in (11, 12):
+            f.write(json.dumps({"iter": i, "train_loss": 0.0, "val_loss": None, "lr": 0.0}) + "\n")
+    trainer = Trainer(tiny(out, max_iters=12, eval_interval=5), task, out, verbose=False)
+    trainer.resume()
+    trainer.train()
+    lines = records(out)
+    assert [r["iter"] for r in lines] == list(range(1, 13))
+    assert all(r["train_loss"] > 0 for r in lines)
+
+
+def test_an_inconsistent_or_truncated_checkpoint_is_refused(task, tmp_path):
+    out = tmp_path / "run"
+    trainer = Trainer(tiny(out, max_iters=4, eval_interval=2), task, out, verbose=False)
+    trainer.train()
+    state = ckpt.load_trainer_state(out)
+    torch.save({**state, "iter": 3}, out / ckpt.STATE_FILE)
+    with pytest.raises(
+        ckpt.CheckpointError, match="inconsistent: weights at iter 4, trainer state at iter 3"
+    ):
+        Trainer(tiny(out, max_iters=8), task, out, verbose=False).resume()
+    data = (out / ckpt.STATE_FILE).read_bytes()
+    (out / ckpt.STATE_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ckpt.CheckpointError, match="trainer_state.pt is corrupt or truncated"):
+        Trainer(tiny(out, max_iters=8), task, out, verbose=False).resume()
+
+
+def test_checkpoints_are_written_atomically(task, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    Trainer(tiny(out, max_iters=2, eval_interval=2), task, out, verbose=False).train()
+    before = (out / ckpt.MODEL_FILE).read_bytes()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt.torch, "save", crash)
+    trainer = Trainer(tiny(out, max_iters=4, eval_interval=2), task, out, verbose=False)
+    trainer.resume()
+    with pytest.raises(OSError, match="disk full"):
+        trainer.train()
+    # the new weights went in, the trainer state did not: no temporary files, old state intact
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+    assert ckpt.load_trainer_state(out)["iter"] == 2
+    assert (out / ckpt.MODEL_FILE).read_bytes() != before
+    with pytest.raises(ckpt.CheckpointError, match="inconsistent"):
+        Trainer(tiny(out, max_iters=4), task, out, verbose=False).resume()
+
+
+@pytest.mark.parametrize("model, lr", [("transformer", 1e-2), ("rt", 5e-2)])
+def test_training_reaches_a_loss_an_untrained_model_cannot(task, tmp_path, model, lr):
+    # untrained: ln 65 = 4.17 nats/char; unigram statistics alone: 3.31 (measured: about 2.8 / 2.5 here)
+    out = tmp_path / model
+    config = tiny(
+        out,
+        model=model,
+        max_iters=150,
+        eval_interval=150,
+        eval_iters=4,
+        batch_size=16,
+        lr=lr,
+        min_lr=lr / 10,
+        warmup_iters=10,
+    )
+    trainer = Trainer(config, task, out, verbose=False)
+    assert trainer.train()["val_loss"] < 3.0
+    x, _ = task.get_batch("val", 1, torch.Generator().manual_seed(0))
+    written = {p.name for p in make_plots(out, trainer.model, x)}
+    expected = {"loss.png", "attention.png"} | ({"precision.png"} if model == "rt" else set())
+    assert written == expected
+    for name in expected:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
