@@ -30,16 +30,17 @@ ScoreFn = Callable[[Tensor, Tensor, tuple[Tensor, ...], tuple[Tensor, ...], tupl
   the tile), since the tile boundaries are an implementation detail.
 """
 
-# Elements per (B·H)-batched score tile: large enough that matmuls run at full speed, small enough
-# that the score function's intermediates stay in cache (and the backward's graph stays small).
+# Elements per (B·H)-batched score tile: large enough that the matmuls run at full speed, small
+# enough that the score function's intermediates stay in cache and the backward's graph stays small.
 _TILE_ELEMENTS = 1 << 20
+_MAX_BLOCK_K = 1024
+_MIN_BLOCK_Q = 16
 
 
 def default_blocks(batch_heads: int, n: int) -> tuple[int, int]:
     """Query block and key chunk sizes for ``batch_heads`` (B·H) heads of length ``n``."""
-    per_head = max(_TILE_ELEMENTS // max(batch_heads, 1), 64 * 64)
-    block_k = min(n, 1024)
-    block_q = max(16, min(n, per_head // max(block_k, 1)))
+    block_k = min(n, _MAX_BLOCK_K)
+    block_q = min(n, max(_MIN_BLOCK_Q, _TILE_ELEMENTS // (batch_heads * block_k)))
     return block_q, block_k
 
 

@@ -1,0 +1,314 @@
+"""`rt_attention` (SPEC §4.1): the formula by hand, every fast path against the reference (values and
+gradients), the magnitude precision, degenerate inputs, validation, and O(N) memory on the fast paths."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import geoattn.attention.blockwise as blockwise
+import geoattn.attention.rt as rt
+from geoattn.algebra.rotation import rope_frequencies
+from geoattn.attention.rt import rt_attention
+
+F64 = torch.float64
+REGIMES = ("separable", "tied", "general")
+
+
+def _inputs(b=2, h=3, n=23, d=8, dtype=F64, seed=0, irregular=True):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n, d, generator=g, dtype=dtype) for _ in range(3))
+    k = k * (0.3 + 3 * torch.rand(b, h, n, 1, generator=g, dtype=dtype))  # magnitudes vary several-fold
+    omega = (0.3 * rope_frequencies(d, h) * torch.linspace(0.5, 2.0, h)[:, None]).to(dtype)
+    if irregular:
+        positions = torch.cumsum(0.1 + 1.5 * torch.rand(b, n, generator=g, dtype=dtype), -1)
+    else:
+        positions = torch.arange(n, dtype=dtype)
+    return q, k, v, omega, positions
+
+
+def _params(regime: str, h=3, dtype=F64):
+    """Per-head parameters; the regime decides σ_t² (and thus the fast path ``auto`` takes)."""
+    mu_r = torch.tensor([0.0, 0.05, 0.4, 0.2, 0.1][:h], dtype=dtype)
+    eta_t2 = torch.tensor([0.5, 1.0, 2.0, 0.7, 1.3][:h], dtype=dtype)
+    beta = torch.tensor([1.0, 2.0, 0.5, 1.5, 3.0][:h], dtype=dtype)
+    sigma_t2 = {
+        "separable": torch.zeros(h, dtype=dtype),
+        "tied": 2 * mu_r * eta_t2,
+        "general": torch.tensor([0.1, 0.02, 0.3, 0.05, 0.2][:h], dtype=dtype),
+    }[regime]
+    return dict(mu_r=mu_r, sigma_t2=sigma_t2, eta_t2=eta_t2, beta=beta)
+
+
+def _rotation(theta: float) -> torch.Tensor:
+    return torch.tensor([[math.cos(theta), -math.sin(theta)], [math.sin(theta), math.cos(theta)]], dtype=F64)
+
+
+def test_hand_built_case_matches_the_formula():
+    """D = 4, N = 3: logits from explicit R(Δt) blocks and c(Δt) written out here."""
+    q = torch.tensor([[1.0, 2.0, -1.0, 0.5], [0.3, -0.7, 2.0, 1.0], [-1.0, 0.2, 0.4, -0.6]], dtype=F64)
+    k = torch.tensor([[2.0, 0.0, 1.0, -1.0], [0.1, 0.4, -0.2, 0.3], [1.5, -2.5, 0.5, 1.0]], dtype=F64)
+    v = torch.tensor([[1.0, -1.0, 0.5, 2.0], [0.0, 3.0, -1.0, 1.0], [2.0, 1.0, 1.0, -0.5]], dtype=F64)
+    t = [0.0, 0.7, 2.0]
+    omega = [0.9, -0.35]
+    mu, s2, e2, beta = 0.3, 0.2, 0.5, 1.7
+
+    def rotate(x, dt):
+        return torch.cat([_rotation(w * dt) @ x[2 * p : 2 * p + 2] for p, w in enumerate(omega)])
+
+    for causal in (True, False):
+        expected = []
+        for i in range(3):
+            logits, transported = [], []
+            for j in range(3):
+                if causal and j > i:
+                    continue
+                dt = t[i] - t[j]
+                c = e2 + s2 * (math.exp(2 * mu * abs(dt)) - 1) / (2 * mu)
+                kappa = float(k[j] @ k[j]) / c
+                cos = float(q[i] @ rotate(k[j], dt)) / float(q[i].norm() * k[j].norm())
+                logits.append(math.log(kappa) + beta * kappa * (cos - 1))
+                transported.append(rotate(v[j] / v[j].norm(), dt))
+            weights = torch.softmax(torch.tensor(logits, dtype=F64), 0)
+            expected.append(sum(w * x for w, x in zip(weights, transported)))
+        expected = torch.stack(expected)[None, None]
+        kwargs = dict(
+            mu_r=torch.tensor([mu], dtype=F64),
+            sigma_t2=torch.tensor([s2], dtype=F64),
+            eta_t2=torch.tensor([e2], dtype=F64),
+            beta=torch.tensor([beta], dtype=F64),
+            omega=torch.tensor([omega], dtype=F64),
+            positions=torch.tensor(t, dtype=F64),
+            causal=causal,
+        )
+        for backend in ("reference", "auto"):
+            out = rt_attention(q[None, None], k[None, None], v[None, None], backend=backend, **kwargs)
+            torch.testing.assert_close(out, expected, rtol=0, atol=1e-12, msg=f"{backend}, causal={causal}")
+
+
+class _PathSpy:
+    """Records which kernel ``auto`` ran: SDPA calls and blockwise calls."""
+
+    def __init__(self, monkeypatch):
+        self.sdpa = self.blockwise = 0
+        sdpa, bw = F.scaled_dot_product_attention, rt.blockwise_attention
+
+        def spy_sdpa(*args, **kwargs):
+            self.sdpa += 1
+            return sdpa(*args, **kwargs)
+
+        def spy_blockwise(*args, **kwargs):
+            self.blockwise += 1
+            return bw(*args, **kwargs)
+
+        monkeypatch.setattr(F, "scaled_dot_product_attention", spy_sdpa)
+        monkeypatch.setattr(rt, "blockwise_attention", spy_blockwise)
+
+
+def _grads(out, inputs, seed=1):
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    grads = torch.autograd.grad((out * weights).sum(), inputs, allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("regime", REGIMES)
+@pytest.mark.parametrize(("dtype", "tol"), [(F64, 1e-10), (torch.float32, 2e-4)])
+def test_auto_matches_reference_values_and_gradients(regime, causal, dtype, tol, monkeypatch):
+    # Small tiles and short tied chunks, so that several query blocks, key chunks and SDPA chunks run.
+    monkeypatch.setattr(blockwise, "_MAX_BLOCK_K", 8)
+    monkeypatch.setattr(blockwise, "_TILE_ELEMENTS", 6 * 8 * 8)
+    monkeypatch.setattr(blockwise, "_MIN_BLOCK_Q", 8)
+    monkeypatch.setattr(rt, "_TIED_MAX_EXPONENT", 2.0)
+    q, k, v, omega, positions = _inputs(dtype=dtype)
+    params = _params(regime, dtype=dtype)
+    # The SDPA paths are exact on their parameter manifold only, so there only what stays on it
+    # is differentiated: σ_t² = 0 keeps μ_r, η_t², β free; the tied family fixes all three process
+    # parameters. The general path differentiates all four.
+    trainable = {"separable": ("mu_r", "eta_t2", "beta"), "tied": ("beta",), "general": tuple(params)}[regime]
+    for name in trainable:
+        params[name].requires_grad_()
+    leaves = [q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *(params[n] for n in trainable)]
+    kwargs = dict(**params, omega=omega, positions=positions, causal=causal)
+
+    spy = _PathSpy(monkeypatch)
+    out = rt_attention(q, k, v, backend="auto", **kwargs)
+    if regime == "separable" or (regime == "tied" and causal):
+        assert spy.sdpa >= 1 and spy.blockwise == 0
+    else:
+        assert spy.blockwise == 1 and spy.sdpa == 0
+    ref = rt_attention(q, k, v, backend="reference", **kwargs)
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    for name, g, g_ref in zip(("q", "k", "v", *trainable), _grads(out, leaves), _grads(ref, leaves)):
+        torch.testing.assert_close(g, g_ref, rtol=tol, atol=tol, msg=f"gradient of {name}")
+
+
+def test_tied_family_with_trainable_process_parameters_falls_back_exactly(monkeypatch):
+    """On the tied manifold, gradients off it (∂/∂σ_t² etc.) need the general path."""
+    q, k, v, omega, positions = _inputs(n=17)
+    params = {name: p.requires_grad_() for name, p in _params("tied").items()}
+    spy = _PathSpy(monkeypatch)
+    out = rt_attention(q, k, v, **params, omega=omega, positions=positions)
+    assert spy.blockwise == 1
+    ref = rt_attention(q, k, v, **params, omega=omega, positions=positions, backend="reference")
+    for g, g_ref in zip(_grads(out, list(params.values())), _grads(ref, list(params.values()))):
+        torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10)
+
+
+def test_flex_score_mod_matches_reference(monkeypatch):
+    """The FlexAttention path's ``score_mod`` (fused on GPUs), run unfused on CPU, forward only:
+    FlexAttention has no CPU backward."""
+    monkeypatch.setattr(rt, "_compiled_flex", lambda flex: flex)
+    q, k, v, omega, positions = _inputs(b=2, h=2, n=19)
+    params = _params("general", h=2)
+    for causal in (True, False):
+        kwargs = dict(**params, omega=omega, positions=positions, causal=causal)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "called without torch.compile()"
+            out = rt_attention(q, k, v, backend="flex", **kwargs)
+        torch.testing.assert_close(
+            out, rt_attention(q, k, v, backend="reference", **kwargs), rtol=0, atol=1e-12
+        )
+
+
+def test_positions_default_and_broadcast():
+    q, k, v, omega, _ = _inputs(n=11)
+    params = _params("general")
+    default = rt_attention(q, k, v, **params, omega=omega)
+    shared = rt_attention(q, k, v, **params, omega=omega, positions=torch.arange(11.0, dtype=F64))
+    batched = rt_attention(
+        q, k, v, **params, omega=omega, positions=torch.arange(11.0, dtype=F64).expand(2, 11)
+    )
+    torch.testing.assert_close(default, shared, rtol=0, atol=1e-14)
+    torch.testing.assert_close(default, batched, rtol=0, atol=1e-14)
+
+
+def test_weights_are_a_causal_softmax():
+    q, k, v, omega, positions = _inputs(n=9)
+    out, weights = rt_attention(
+        q, k, v, **_params("general"), omega=omega, positions=positions, return_weights=True
+    )
+    assert weights.shape == (2, 3, 9, 9) and out.shape == q.shape
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 9, dtype=F64))
+    past = torch.ones(9, 9, dtype=torch.bool).tril()
+    assert (weights[..., ~past] == 0).all() and (weights[..., past] > 0).all()
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+def test_larger_key_magnitude_gets_more_weight(regime):
+    """Two keys at the same angle to the query and the same time: the longer one is more precise."""
+    d = 4
+    q = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=F64)
+    direction = torch.tensor([math.cos(0.1), math.sin(0.1), 0.0, 0.0], dtype=F64)
+    k = torch.stack([q, 1.0 * direction, 3.0 * direction])[None, None]  # token 0 is the query itself
+    v = torch.eye(3, d, dtype=F64)[None, None]
+    positions = torch.tensor([0.0, 0.0, 0.0], dtype=F64)  # equal times: Δt = 0 for every pair
+    qs = q.expand(1, 1, 3, d)
+    _, weights = rt_attention(
+        qs, k, v, **_params(regime, h=1), positions=positions, causal=False, return_weights=True
+    )
+    assert weights[0, 0, 0, 2] > 1.5 * weights[0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+def test_zero_norm_queries_keys_values_stay_finite(regime, backend):
+    q, k, v, omega, positions = _inputs(n=7)
+    q[:, :, 2] = 0
+    k[:, :, 1] = 0
+    k[:, :, 4] = 0
+    v[:, :, 3] = 0
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    out = rt_attention(q, k, v, **_params(regime), omega=omega, positions=positions, backend=backend)
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(g).all() for g in _grads(out, [q, k, v]))
+
+
+def test_normalize_values_false_uses_raw_values():
+    q, k, v, omega, positions = _inputs(n=10)
+    kwargs = dict(**_params("general"), omega=omega, positions=positions, normalize_values=False)
+    out = rt_attention(q, k, v, **kwargs)
+    torch.testing.assert_close(rt_attention(q, k, 2.5 * v, **kwargs), 2.5 * out)  # linear in v
+    torch.testing.assert_close(out, rt_attention(q, k, v, backend="reference", **kwargs), rtol=0, atol=1e-12)
+    unit = rt_attention(q, k, v, **{**kwargs, "normalize_values": True})
+    torch.testing.assert_close(rt_attention(q, k, 2.5 * v, **{**kwargs, "normalize_values": True}), unit)
+
+
+class _LargestTile(TorchDispatchMode):
+    """Largest product of the last two dimensions of any tensor an ATen op produces."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dim() >= 2:
+                self.largest = max(self.largest, t.shape[-1] * t.shape[-2])
+        return out
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+def test_auto_never_materialises_n_by_n(regime, monkeypatch):
+    monkeypatch.setattr(blockwise, "_MAX_BLOCK_K", 16)
+    monkeypatch.setattr(blockwise, "_TILE_ELEMENTS", 1 * 2 * 16 * 16)
+    monkeypatch.setattr(blockwise, "_MIN_BLOCK_Q", 16)
+    n = 128
+    q, k, v, omega, positions = _inputs(b=1, h=2, n=n, d=8)
+    params = _params(regime, h=2)
+    for backend, bound in (("auto", n * 16), ("reference", None)):
+        x = [t.clone().requires_grad_() for t in (q, k, v)]
+        with _LargestTile() as spy:
+            out = rt_attention(*x, **params, omega=omega, positions=positions, backend=backend)
+            out.sum().backward()
+        if bound is None:
+            assert spy.largest >= n * n  # the spy sees the reference's N×N logits
+        else:
+            assert spy.largest <= bound, f"{regime}: a {spy.largest}-element tile"
+
+
+def test_blockwise_saves_only_linear_statistics():
+    q, k, v, omega, positions = _inputs(b=1, h=2, n=64)
+    params = {name: p.requires_grad_() for name, p in _params("general", h=2).items()}
+    out = rt_attention(q.requires_grad_(), k, v, **params, omega=omega, positions=positions)
+    nodes, seen = [out.grad_fn], set()
+    while nodes:  # through the autograd graph to the blockwise node
+        node = nodes.pop()
+        seen.add(node)
+        nodes += [n for n, _ in node.next_functions if n is not None and n not in seen]
+    (node,) = [n for n in seen if type(n).__name__ == "_BlockwiseAttentionBackward"]
+    assert max(t.numel() for t in node.saved_tensors) == q.numel()  # (B, H, N, D) at most, no (N, N)
+
+
+H, N, D = 2, 5, 4
+GOOD = dict(mu_r=torch.zeros(H), sigma_t2=torch.zeros(H), eta_t2=torch.ones(H), beta=torch.ones(H))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(q=torch.zeros(1, H, N)), r"q must be a \(B, H, N, D\) tensor, got \(1, 2, 5\)"),
+        (dict(k=torch.zeros(1, H, N + 1, D)), r"same shape .* \(1, 2, 6, 4\)"),
+        (dict(q=torch.zeros(1, H, N, 3), k=torch.zeros(1, H, N, 3), v=torch.zeros(1, H, N, 3)), "even"),
+        (dict(mu_r=torch.zeros(H + 1)), r"mu_r must be a tensor of shape \(H,\) = \(2,\), got \(3,\)"),
+        (dict(beta=1.0), r"beta must be a tensor of shape \(H,\)"),
+        (dict(mu_r=torch.tensor([0.1, -0.1])), "mu_r must be ≥ 0"),
+        (dict(sigma_t2=torch.tensor([-1.0, 0.0])), "sigma_t2 must be ≥ 0"),
+        (dict(eta_t2=torch.tensor([1.0, 0.0])), "eta_t2 must be > 0"),
+        (dict(beta=torch.tensor([0.0, 1.0])), "beta must be > 0"),
+        (dict(omega=torch.zeros(H, D)), r"omega must have shape \(H, D/2\) = \(2, 2\), got \(2, 4\)"),
+        (dict(positions=torch.zeros(N + 1)), r"positions must have shape \(N,\) = \(5,\) or \(B, N\)"),
+        (dict(backend="fast"), "backend must be one of"),
+    ],
+)
+def test_bad_inputs_raise(change, match):
+    args = dict(q=torch.zeros(1, H, N, D), k=torch.zeros(1, H, N, D), v=torch.zeros(1, H, N, D), **GOOD)
+    args.update(change)
+    with pytest.raises(ValueError, match=match):
+        rt_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
