@@ -142,13 +142,14 @@ def tangent_kalman_filter(z: Tensor, times: Tensor, sde: Any, *, gain_ratio: flo
     Noise is isotropic in the tangent space, so the direction covariance stays ``p · P_T(û)`` and one
     scalar ``p`` per sequence (angular variance per tangent dimension) carries it. Per step:
 
+    * the token magnitude ``g m`` is measured by ``|z|² − η_r² − (D − 1) η_t²`` (the noise's share of
+      ``|z|²`` removed) and fused, in log space, with the tracked latent magnitude and the gain prior;
     * predict: ``û ← R(Δt) û``, ``p ← p + σ_t² (e^{2μ_rΔt} − 1) / (2μ_r) / m̂²`` (SPEC §1.1) with
       ``m̂`` the latent magnitude, tracked in log space (``log m̂ ← log m̂ − μ_rΔt``, diffusing with
-      ``σ_r²Δt/m̂²``) and updated with ``log⟨z, û⟩``, whose noise is the gain's
-      ``Var log g = (log gain_ratio)²/12`` plus ``η_r²/⟨z, û⟩²``;
+      ``σ_r²Δt/m̂²``) and updated with the log token magnitude, whose noise is the gain's
+      ``Var log g = (log gain_ratio)²/12`` plus the measurement's;
     * update the direction with ``ẑ`` in the tangent space at ``û``, with the token's own angular
-      noise ``r = η_t² / ⟨z, û⟩²`` (``⟨z, û⟩ ≈ g m``): ``û ← exp_û(K log_û(ẑ))``, ``K = p / (p + r)``,
-      ``p ← (1 − K) p``.
+      noise ``r = η_t² / (g m)²``: ``û ← exp_û(K log_û(ẑ))``, ``K = p / (p + r)``, ``p ← (1 − K) p``.
 
     The first measurement initialises ``û = ẑ_1``. A loop over time, O(B·D) per step.
 
@@ -164,15 +165,16 @@ def tangent_kalman_filter(z: Tensor, times: Tensor, sde: Any, *, gain_ratio: flo
     mu_r, eta_r2, eta_t2 = float(sde.mu_r), float(sde.eta_r) ** 2, float(sde.eta_t) ** 2
     sigma_r2, gain_var = float(sde.sigma_r) ** 2, math.log(gain_ratio) ** 2 / 12
     times = times.to(z.dtype)
-    floor = math.sqrt(eta_r2) + _EPS  # a radial component below the radial noise carries no magnitude
-
-    def radial(i: int, u: Tensor) -> Tensor:
-        return (z[:, i] * u).sum(-1).clamp_min(floor)
+    # Token magnitude g·m from E|z|² = (g m)² + η_r² + (D − 1) η_t², floored at η_t (angular noise ≤ 1 rad);
+    # the variance of its log from Var|z|² ≈ 2 (D − 1) η_t⁴ + 4 (g m)² η_r².
+    tangent_dims = z.shape[-1] - 1
+    magnitude2 = (z.square().sum(-1) - eta_r2 - tangent_dims * eta_t2).clamp_min(eta_t2)  # (B, T)
+    log_magnitude = 0.5 * magnitude2.log()
+    log_magnitude_var = 0.5 * tangent_dims * eta_t2**2 / magnitude2.square() + eta_r2 / magnitude2
 
     u = _unit(z[:, 0])
-    r = z[:, 0].norm(dim=-1).clamp_min(floor)
-    log_m, var_log_m = r.log(), gain_var + eta_r2 / r.square()
-    p = eta_t2 / r.square()
+    log_m, var_log_m = log_magnitude[:, 0], log_magnitude_var[:, 0] + gain_var
+    p = eta_t2 / magnitude2[:, 0]
     out = [u]
     for i in range(1, z.shape[1]):
         dt = times[:, i] - times[:, i - 1]  # (B,)
@@ -180,11 +182,14 @@ def tangent_kalman_filter(z: Tensor, times: Tensor, sde: Any, *, gain_ratio: flo
         p = p + process_variance(sde, dt) * torch.exp(-2 * log_m)
         log_m = log_m - mu_r * dt
         var_log_m = var_log_m + sigma_r2 * dt * torch.exp(-2 * log_m)
-        r = radial(i, u)
-        gain_m = var_log_m / (var_log_m + gain_var + eta_r2 / r.square())
-        log_m = log_m + gain_m * (r.log() - log_m)
+        # This token's log(g m): the tracked log m (prior, plus the gain's spread) fused with its own |z|.
+        prior_var, measured_var = var_log_m + gain_var, log_magnitude_var[:, i]
+        weight = prior_var / (prior_var + measured_var)
+        log_token = log_m + weight * (log_magnitude[:, i] - log_m)
+        gain_m = var_log_m / (var_log_m + gain_var + measured_var)
+        log_m = log_m + gain_m * (log_magnitude[:, i] - log_m)
         var_log_m = (1 - gain_m) * var_log_m
-        gain = p / (p + eta_t2 / r.square())
+        gain = p / (p + eta_t2 * torch.exp(-2 * log_token))
         u = _tangent_exp(u, gain[:, None] * _tangent_log(u, _unit(z[:, i])))
         p = (1 - gain) * p
         out.append(u)

@@ -47,11 +47,16 @@ class FilterConfig:
     * ``mu_r = 0.01``: a slow decay (the Itô drift ``(D−1)σ_t²/(2m)`` of the tangential noise keeps
       the latent magnitude near 1–2 along the sequence); ``mu_t`` does not act on the state
       (``P_T(u) x ≡ 0``) and is kept for completeness;
-    * ``gain_ratio = 8``: token magnitudes vary ≥ 3× within every sequence;
+    * ``gain_ratio = 10``: token magnitudes vary ≥ 3× within every sequence (min 3.5×, median 5.2×);
     * ``omega``: a transport rotation in each of the ``dim/2`` planes, slow to fast;
     * ``beta = 0.05`` for the closed-form RT-Filter baseline: with ``q = k = v = z`` the robust term
-      ``β κ (⟨ẑ_i, R ẑ_j⟩ − 1)`` compares keys with the *noisy* current measurement; ``β = 1``
-      (the von Mises–Fisher likelihood) makes the weights follow that noise (see ``baselines``).
+      ``β κ (⟨ẑ_i, R ẑ_j⟩ − 1)`` compares keys with the *noisy* current measurement, so a large β
+      makes the weights follow that noise. Closed-form error against β on the val pool: 0.01 → 23.8°,
+      0.05 → 23.8°, 0.1 → 24.2°, 0.2 → 26.1°, 1 (the von Mises–Fisher likelihood) → 37.5°.
+
+    Reference errors with these defaults (val pool; eval within 0.4°): raw directions 40.9°, uniform
+    transported mean 27.4°, closed-form RT-Filter 23.8°, tangent Kalman 17.9°, particle filter
+    (1000 particles) 18.4° — the ordering of SPEC §3's quick simulation (45.1 / 21.1 / 16.7 / 14.1).
 
     Fields:
         dim: state dimension D (even). seq_len: tokens per sequence T.
@@ -73,7 +78,7 @@ class FilterConfig:
     eta_t: float = 0.5
     omega: tuple[float, ...] = (0.2, 0.1, 0.05, 0.02)
     m0_range: tuple[float, float] = (1.0, 2.0)
-    gain_ratio: float = 8.0
+    gain_ratio: float = 10.0
     dt_range: tuple[float, float] = (0.5, 1.5)
     max_step: float = 0.25
     val_size: int = 256
