@@ -258,6 +258,9 @@ def test_transformer_is_translation_and_permutation_equivariant_but_not_rotation
     torch.testing.assert_close(out_shifted, out + torch.tensor([3.0, -2.0, 1.0], dtype=x.dtype))
     torch.testing.assert_close(out_permuted, out[:, order])
     assert equivariance_error(model, x, torch.Generator().manual_seed(0), reflect=False) > 1e-3
+    maps = model.attention_maps(x)
+    assert len(maps) == 1 and maps[0].shape == (16, 4, 4, 4)
+    torch.testing.assert_close(maps[0].sum(-1), torch.ones(16, 4, 4, dtype=maps[0].dtype))
 
 
 def test_evaluate_sets_and_a_short_training_run(task):

@@ -247,9 +247,8 @@ def load_gatr_format(directory: str | Path, names: tuple[str, ...] = SETS) -> di
     for name in names:
         path = directory / f"{name}.npz"
         if not path.is_file():
-            raise ValueError(
-                f"nbody data: missing file {str(path)!r} (GATr format needs {', '.join(names)}.npz)"
-            )
+            needed = ", ".join(f"{n}.npz" for n in names)
+            raise ValueError(f"nbody data: missing file {str(path)!r} (GATr's format needs {needed})")
         with np.load(path) as npz:
             missing = [a for a in ARRAYS if a not in npz.files]
             if missing:
@@ -295,12 +294,19 @@ class NBodyTransformer(nn.Module):
         self.backbone = build_backbone("transformer", backbone_config)
         self.head = nn.Linear(width, 3)
 
-    def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def _embed(self, x: Tensor) -> Tensor:
         _check_inputs(x)
         m, position, velocity = x[..., :1], x[..., 1:4], x[..., 4:7]
-        features = torch.cat((m, position - _centroid(position), velocity), dim=-1)
-        prediction = position + self.head(self.backbone(self.embed(features)))
+        return self.embed(torch.cat((m, position - _centroid(position), velocity), dim=-1))
+
+    def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        prediction = x[..., 1:4] + self.head(self.backbone(self._embed(x)))
         return prediction, _mse(prediction, y)
+
+    @torch.no_grad()
+    def attention_maps(self, x: Tensor) -> list[Tensor]:
+        """One ``(B, H, n, n)`` attention-weight tensor per layer, for plots."""
+        return self.backbone.attention_maps(self._embed(x))
 
 
 class NBodyRotor(nn.Module):
