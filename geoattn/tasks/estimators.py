@@ -196,12 +196,21 @@ def tangent_kalman_filter(z: Tensor, times: Tensor, sde: Any, *, gain_ratio: flo
     return torch.stack(out, dim=1)
 
 
+def _draw(
+    shape: tuple[int, ...], generator: torch.Generator | None, *, like: Tensor, uniform: bool = False
+) -> Tensor:
+    """Normal (or uniform) numbers drawn on the generator's device, returned on ``like``'s."""
+    device = generator.device if generator is not None else like.device
+    sample = torch.rand if uniform else torch.randn
+    return sample(*shape, generator=generator, dtype=like.dtype, device=device).to(like.device)
+
+
 def _systematic_resample(log_w: Tensor, generator: torch.Generator | None) -> Tensor:
     """Indices ``(B, P)`` of a systematic resampling of the normalised log-weights ``(B, P)``."""
     batch, n = log_w.shape
     cdf = torch.softmax(log_w, dim=-1).cumsum(-1)
     cdf[:, -1] = 1.0
-    offset = torch.rand(batch, 1, generator=generator, dtype=log_w.dtype, device=log_w.device)
+    offset = _draw((batch, 1), generator, like=log_w, uniform=True)
     grid = (torch.arange(n, dtype=log_w.dtype, device=log_w.device) + offset) / n
     return torch.searchsorted(cdf, grid).clamp_max(n - 1)
 
@@ -287,8 +296,7 @@ def particle_filter(
     times = times.to(z.dtype)
 
     def draw(*shape: int, uniform: bool = False) -> Tensor:
-        sample = torch.rand if uniform else torch.randn
-        return sample(*shape, generator=generator, dtype=z.dtype, device=z.device)
+        return _draw(shape, generator, like=z, uniform=uniform)
 
     # Initialisation: tangent-Gaussian directions around ẑ_1, prior magnitudes.
     z1 = z[:, :1]  # (B, 1, D)

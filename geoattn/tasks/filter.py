@@ -42,7 +42,7 @@ class FilterConfig:
     Defaults and why (measured on the 256-sequence val pool, seed ``SPLIT_SEEDS["val"]``):
 
     * ``sigma_t = 0.08``, ``eta_t = 0.5`` with magnitudes ~1–2: the direction diffuses by a median
-      ~7° per token (small-angle regime), while one measurement is ~40° off (raw directions), so
+      ~8° per token (small-angle regime), while one measurement is ~40° off (raw directions), so
       averaging many transported tokens pays and old tokens go stale;
     * ``mu_r = 0.01``: a slow decay (the Itô drift ``(D−1)σ_t²/(2m)`` of the tangential noise keeps
       the latent magnitude near 1–2 along the sequence); ``mu_t`` does not act on the state
@@ -200,7 +200,7 @@ class FilterModel(nn.Module):
             return prediction, None
         if y.shape != prediction.shape:
             raise ValueError(f"y has shape {tuple(y.shape)}, expected {tuple(prediction.shape)}")
-        loss = 1.0 - (prediction * F.normalize(y, dim=-1)).sum(-1).mean()
+        loss = 1.0 - (prediction.float() * F.normalize(y.float(), dim=-1)).sum(-1).mean()
         return prediction, loss
 
     @torch.no_grad()

@@ -353,7 +353,7 @@ def _mse(prediction: Tensor, y: Tensor | None) -> Tensor | None:
         return None
     if y.shape != prediction.shape:
         raise ValueError(f"y has shape {tuple(y.shape)}, expected {tuple(prediction.shape)}")
-    return F.mse_loss(prediction, y)
+    return F.mse_loss(prediction.float(), y.float())
 
 
 def _rotor_config(config: Any):
