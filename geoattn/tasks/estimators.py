@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from geoattn.algebra.rotation import rotate_pairs
+from geoattn.attention.rt import rt_attention
 from geoattn.rt.precision import rt_noise_variance
 
 _EPS = 1e-12
@@ -58,8 +59,11 @@ def process_variance(sde: Any, dt: Tensor) -> Tensor:
 
     Divided by ``m(t_j)²`` it is the angular diffusion of the direction over ``dt`` (SPEC §1.1).
     """
-    zero = torch.zeros((), dtype=dt.dtype, device=dt.device)
-    return rt_noise_variance(dt, zero + float(sde.mu_r), zero + float(sde.sigma_t) ** 2, zero)
+
+    def scalar(value: float) -> Tensor:
+        return torch.tensor(float(value), dtype=dt.dtype, device=dt.device)
+
+    return rt_noise_variance(dt, scalar(sde.mu_r), scalar(sde.sigma_t) ** 2, scalar(0.0))
 
 
 def raw_directions(z: Tensor) -> Tensor:
@@ -97,8 +101,6 @@ def rt_filter(z: Tensor, times: Tensor, sde: Any, *, beta: float = 1.0, backend:
     Returns:
         ``(B, T, D)`` unit vectors.
     """
-    from geoattn.attention.rt import rt_attention
-
     _check(z, times)
     if beta <= 0:
         raise ValueError(f"beta must be > 0, got {beta}")

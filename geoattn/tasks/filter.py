@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from geoattn.models.lm import LMConfig, build_backbone
+from geoattn.rt.sde import RTSDE
 from geoattn.tasks import estimators
 from geoattn.tasks.base import Task
 
@@ -109,10 +111,8 @@ class FilterConfig:
         if self.gain_ratio < 1:
             raise ValueError(f"FilterConfig.gain_ratio must be ≥ 1, got {self.gain_ratio}")
 
-    def sde(self):
+    def sde(self) -> RTSDE:
         """The :class:`geoattn.rt.RTSDE` with these parameters."""
-        from geoattn.rt.sde import RTSDE
-
         return RTSDE(
             dim=self.dim,
             mu_r=self.mu_r,
@@ -175,10 +175,8 @@ class FilterModel(nn.Module):
     loss = mean(1 − cos(prediction, y)).
     """
 
-    def __init__(self, name: str, dim: int, backbone_config: Any):
+    def __init__(self, name: str, dim: int, backbone_config: LMConfig):
         super().__init__()
-        from geoattn.models.lm import build_backbone
-
         self.dim = dim
         width = backbone_config.n_embd
         self.embed = nn.Linear(dim + 1, width)
@@ -224,10 +222,8 @@ class FilterModel(nn.Module):
         ]
 
 
-def backbone_config(config: Any, *, causal: bool, block_size: int):
+def backbone_config(config: Any, *, causal: bool, block_size: int) -> LMConfig:
     """An ``LMConfig`` from the trainer's config: its sizes and ``model_options`` (or an LMConfig as is)."""
-    from geoattn.models.lm import LMConfig
-
     if isinstance(config, LMConfig):
         return dataclasses.replace(config, causal=causal)
     options = dict(getattr(config, "model_options", {}) or {})

@@ -25,7 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from geoattn.models.lm import LMConfig, build_backbone
+from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig
 from geoattn.tasks.base import Task
+from geoattn.tasks.filter import backbone_config
 
 SETS = ("train", "val", "eval", "e3_generalization", "object_generalization")
 ARRAYS = ("m", "x_initial", "v_initial", "x_final")
@@ -285,10 +288,8 @@ class NBodyTransformer(nn.Module):
     rotation-equivariant. ``forward(x (B, n, 7), y (B, n, 3) | None) -> (final positions, MSE loss)``.
     """
 
-    def __init__(self, backbone_config: Any):
+    def __init__(self, backbone_config: LMConfig):
         super().__init__()
-        from geoattn.models.lm import build_backbone
-
         width = backbone_config.n_embd
         self.embed = nn.Linear(7, width)
         self.backbone = build_backbone("transformer", backbone_config)
@@ -326,10 +327,8 @@ class NBodyRotor(nn.Module):
     projection heads only (``geoattn/attention/rotor.py``). ``forward(x (B, n, 7), y | None)``.
     """
 
-    def __init__(self, rotor_config: Any):
+    def __init__(self, rotor_config: RotorTransformerConfig):
         super().__init__()
-        from geoattn.models.rotor_transformer import RotorTransformer
-
         self.model = RotorTransformer(rotor_config)
         self.algebra = self.model.algebra
 
@@ -356,10 +355,8 @@ def _mse(prediction: Tensor, y: Tensor | None) -> Tensor | None:
     return F.mse_loss(prediction.float(), y.float())
 
 
-def _rotor_config(config: Any):
+def _rotor_config(config: Any) -> RotorTransformerConfig:
     """A ``RotorTransformerConfig`` from the trainer's sizes (n_embd numbers ≈ 8 per multivector channel)."""
-    from geoattn.models.rotor_transformer import RotorTransformerConfig
-
     fixed = {"in_channels": 3, "in_scalars": 1, "out_channels": 1, "out_scalars": 0}
     options = dict(getattr(config, "model_options", {}) or {})
     valid = {f.name for f in dataclasses.fields(RotorTransformerConfig)} - set(fixed)
@@ -429,8 +426,6 @@ class NBodyTask(Task):
             raise ValueError(f"the nbody task supports models {', '.join(self.models)}, not {model!r}")
         if model == "rotor":
             return NBodyRotor(_rotor_config(config))
-        from geoattn.tasks.filter import backbone_config
-
         lm_config = backbone_config(config, causal=False, block_size=self.config.object_planets + 1)
         return NBodyTransformer(dataclasses.replace(lm_config, pos="none"))
 
