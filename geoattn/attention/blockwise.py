@@ -14,6 +14,7 @@ their score function into it.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -35,6 +36,8 @@ ScoreFn = Callable[[Tensor, Tensor, tuple[Tensor, ...], tuple[Tensor, ...], tupl
 _TILE_ELEMENTS = 1 << 20
 _MAX_BLOCK_K = 1024
 _MIN_BLOCK_Q = 16
+# Problems with at least this many (B·H·N²) score entries compile their tile functions by default.
+COMPILE_MIN_PAIRS = 1 << 22
 
 
 def default_blocks(batch_heads: int, n: int) -> tuple[int, int]:
@@ -57,6 +60,7 @@ def blockwise_attention(
     causal: bool = True,
     block_q: int | None = None,
     block_k: int | None = None,
+    compile: bool | None = None,
 ) -> Tensor:
     """Attention ``o_i = Σ_j softmax_j(score_fn(...)_ij) v_j`` with O(N) memory per head.
 
@@ -69,6 +73,9 @@ def blockwise_attention(
         params: per-head tensors ``(H,)``.
         causal: mask ``j > i`` (by index).
         block_q, block_k: tile sizes; default `default_blocks`.
+        compile: run the tile functions through `torch.compile` (fused elementwise work, several
+            times faster; the first call compiles for tens of seconds). None: when
+            ``B·H·N² ≥ COMPILE_MIN_PAIRS``, so that small problems and tests stay eager.
 
     Returns:
         ``(B, H, N, Dv)``. Differentiable with respect to every tensor argument except ``times``.
@@ -76,11 +83,14 @@ def blockwise_attention(
     b, h, n, _ = q.shape
     auto_q, auto_k = default_blocks(b * h, n)
     times = times if times.dim() == 2 else times.unsqueeze(0)
+    if compile is None:
+        compile = b * h * n * n >= COMPILE_MIN_PAIRS
     return _BlockwiseAttention.apply(
         score_fn,
         causal,
         block_q or auto_q,
         block_k or auto_k,
+        compile,
         len(query_scalars),
         len(key_scalars),
         q,
@@ -97,20 +107,22 @@ class _Tiles:
     """Slices of the inputs for one (query block, key chunk) tile, shaped for the score function."""
 
     def __init__(self, times: Tensor, query_scalars, key_scalars, params) -> None:
-        self.times = times  # (B|1, N)
+        self.times = times.unsqueeze(1)  # (B|1, 1, N)
         self.query_scalars = query_scalars
         self.key_scalars = key_scalars
         self.params = tuple(p.view(1, -1, 1, 1) for p in params)
 
-    def dt(self, i0: int, i1: int, j0: int, j1: int) -> Tensor:
-        t = self.times
-        return (t[:, i0:i1, None] - t[:, None, j0:j1]).unsqueeze(1)  # (B|1, 1, bq, bk)
+    def tq(self, i0: int, i1: int) -> Tensor:
+        return self.times[..., i0:i1, None]  # (B|1, 1, bq, 1)
 
-    def qs(self, i0: int, i1: int, scalars=None) -> tuple[Tensor, ...]:
-        return tuple(s[..., i0:i1, None] for s in (scalars or self.query_scalars))
+    def tk(self, j0: int, j1: int) -> Tensor:
+        return self.times[..., None, j0:j1]  # (B|1, 1, 1, bk)
 
-    def ks(self, j0: int, j1: int, scalars=None) -> tuple[Tensor, ...]:
-        return tuple(s[..., None, j0:j1] for s in (scalars or self.key_scalars))
+    def qs(self, i0: int, i1: int) -> tuple[Tensor, ...]:
+        return tuple(s[..., i0:i1, None] for s in self.query_scalars)
+
+    def ks(self, j0: int, j1: int) -> tuple[Tensor, ...]:
+        return tuple(s[..., None, j0:j1] for s in self.key_scalars)
 
 
 def _causal_mask(i0: int, i1: int, j0: int, j1: int, device: torch.device) -> Tensor | None:
@@ -126,9 +138,56 @@ def _key_end(i1: int, n: int, causal: bool) -> int:
     return i1 if causal else n
 
 
+def _tile_forward(score_fn, dot, tq, tk, qs, ks, ps, mask, run_max):
+    """Scores of one tile and its online-softmax step: ``(p, new running max, rowsum p)``."""
+    s = score_fn(dot, tq - tk, qs, ks, ps)
+    if mask is not None:
+        s = s.masked_fill(mask, -math.inf)
+    new_max = s.amax(-1) if run_max is None else torch.maximum(run_max, s.amax(-1))
+    p = torch.exp(s - new_max[..., None])
+    return p, new_max, p.sum(-1)
+
+
+def _tile_backward(score_fn, dot, tq, tk, qs, ks, ps, mask, lse, dp, delta):
+    """``P`` and the vector-Jacobian product of the tile's scores with ``dS = P ⊙ (dP − δ)``."""
+    dt = tq - tk
+    s, vjp = torch.func.vjp(lambda dot, qs, ks, ps: score_fn(dot, dt, qs, ks, ps), dot, qs, ks, ps)
+    p = torch.exp(s - lse)
+    if mask is not None:
+        p = p.masked_fill(mask, 0.0)
+    return (p, *vjp(p * (dp - delta)))
+
+
+class MaybeCompiled:
+    """A function run through `torch.compile` when asked and available, else eagerly.
+
+    If compilation fails (e.g. no C++ toolchain), it warns once and stays eager: the eager rerun
+    raises any error that is not the compiler's.
+    """
+
+    broken = False
+
+    def __init__(self, fn) -> None:
+        self.fn, self.compiled = fn, None
+
+    def __call__(self, use_compile: bool, *args):
+        if use_compile and not MaybeCompiled.broken:
+            try:
+                if self.compiled is None:
+                    self.compiled = torch.compile(self.fn, dynamic=True)
+                return self.compiled(*args)
+            except Exception as err:  # noqa: BLE001 - any compiler failure falls back to eager
+                MaybeCompiled.broken = True
+                warnings.warn(f"torch.compile failed, attention kernels run eagerly: {err}", stacklevel=2)
+        return self.fn(*args)
+
+
+_FORWARD, _BACKWARD = MaybeCompiled(_tile_forward), MaybeCompiled(_tile_backward)
+
+
 class _BlockwiseAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, score_fn, causal, block_q, block_k, n_qs, n_ks, q, k, v, times, *rest):
+    def forward(ctx, score_fn, causal, block_q, block_k, use_compile, n_qs, n_ks, q, k, v, times, *rest):
         query_scalars, key_scalars, params = rest[:n_qs], rest[n_qs : n_qs + n_ks], rest[n_qs + n_ks :]
         tiles = _Tiles(times, query_scalars, key_scalars, params)
         b, h, n, _ = q.shape
@@ -136,102 +195,82 @@ class _BlockwiseAttention(torch.autograd.Function):
         lse = torch.empty(b, h, n, dtype=q.dtype, device=q.device)  # (B, H, N) log-sum-exp per query
         for i0 in range(0, n, block_q):
             i1 = min(i0 + block_q, n)
-            q_blk, qs = q[:, :, i0:i1], tiles.qs(i0, i1)
+            q_blk, qs, tq = q[:, :, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
             run_max = run_sum = acc = None
             for j0 in range(0, _key_end(i1, n, causal), block_k):
                 j1 = min(j0 + block_k, _key_end(i1, n, causal))
-                dot = q_blk @ k[:, :, j0:j1].transpose(-1, -2)
-                s = score_fn(dot, tiles.dt(i0, i1, j0, j1), qs, tiles.ks(j0, j1), tiles.params)
+                dot = q_blk @ k[:, :, j0:j1].transpose(-1, -2)  # (B, H, bq, bk)
                 mask = _causal_mask(i0, i1, j0, j1, q.device) if causal else None
-                if mask is not None:
-                    s = s.masked_fill(mask, -math.inf)
-                tile_max = s.amax(-1)
+                p, new_max, p_sum = _FORWARD(
+                    use_compile,
+                    score_fn,
+                    dot,
+                    tq,
+                    tiles.tk(j0, j1),
+                    qs,
+                    tiles.ks(j0, j1),
+                    tiles.params,
+                    mask,
+                    run_max,
+                )
                 if run_max is None:
-                    run_max = tile_max
-                    p = torch.exp(s - run_max[..., None])
-                    run_sum, acc = p.sum(-1), p @ v[:, :, j0:j1]
+                    run_sum, acc = p_sum, p @ v[:, :, j0:j1]
                 else:
-                    new_max = torch.maximum(run_max, tile_max)
-                    p = torch.exp(s - new_max[..., None])
                     rescale = torch.exp(run_max - new_max)
-                    run_sum = run_sum * rescale + p.sum(-1)
+                    run_sum = run_sum * rescale + p_sum
                     acc = acc * rescale[..., None] + p @ v[:, :, j0:j1]
-                    run_max = new_max
+                run_max = new_max
             out[:, :, i0:i1] = acc / run_sum[..., None]
             lse[:, :, i0:i1] = run_max + torch.log(run_sum)
-        ctx.score_fn, ctx.causal, ctx.block_q, ctx.block_k, ctx.n_qs, ctx.n_ks = (
-            score_fn,
-            causal,
-            block_q,
-            block_k,
-            n_qs,
-            n_ks,
-        )
+        ctx.config = (score_fn, causal, block_q, block_k, use_compile, n_qs, n_ks)
         ctx.save_for_backward(q, k, v, times, out, lse, *rest)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, times, out, lse, *rest = ctx.saved_tensors
-        n_qs, n_ks = ctx.n_qs, ctx.n_ks
+        score_fn, causal, block_q, block_k, use_compile, n_qs, n_ks = ctx.config
         query_scalars, key_scalars, params = rest[:n_qs], rest[n_qs : n_qs + n_ks], rest[n_qs + n_ks :]
-        b, h, n, _ = q.shape
-        needs = ctx.needs_input_grad[10:]
-        grad_qs = [torch.zeros_like(s) if need else None for s, need in zip(query_scalars, needs[:n_qs])]
-        grad_ks = [torch.zeros_like(s) if need else None for s, need in zip(key_scalars, needs[n_qs:])]
-        grad_ps = [torch.zeros_like(p) if need else None for p, need in zip(params, needs[n_qs + n_ks :])]
-        want_qs = [i for i, g in enumerate(grad_qs) if g is not None]
-        want_ks = [i for i, g in enumerate(grad_ks) if g is not None]
-        want_ps = [i for i, g in enumerate(grad_ps) if g is not None]
+        tiles = _Tiles(times, query_scalars, key_scalars, params)
+        n = q.shape[2]
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        grad_qs = [torch.zeros_like(s) for s in query_scalars]
+        grad_ks = [torch.zeros_like(s) for s in key_scalars]
+        grad_ps = [torch.zeros_like(p) for p in params]
         delta = (grad_out * out).sum(-1)  # (B, H, N), rowsum(dO ⊙ O)
-        times_tiles = _Tiles(times, query_scalars, key_scalars, ())
-        for i0 in range(0, n, ctx.block_q):
-            i1 = min(i0 + ctx.block_q, n)
-            q_blk, do_blk = q[:, :, i0:i1], grad_out[:, :, i0:i1]
+        for i0 in range(0, n, block_q):
+            i1 = min(i0 + block_q, n)
+            q_blk, do_blk, qs, tq = q[:, :, i0:i1], grad_out[:, :, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
             lse_blk, delta_blk = lse[:, :, i0:i1, None], delta[:, :, i0:i1, None]
-            end = _key_end(i1, n, ctx.causal)
-            for j0 in range(0, end, ctx.block_k):
-                j1 = min(j0 + ctx.block_k, end)
+            for j0 in range(0, _key_end(i1, n, causal), block_k):
+                j1 = min(j0 + block_k, _key_end(i1, n, causal))
                 k_c, v_c = k[:, :, j0:j1], v[:, :, j0:j1]
-                with torch.enable_grad():
-                    dot = (q_blk @ k_c.transpose(-1, -2)).requires_grad_()
-                    qs = [
-                        x.detach().requires_grad_(i in want_qs) for i, x in enumerate(times_tiles.qs(i0, i1))
-                    ]
-                    ks = [
-                        x.detach().requires_grad_(i in want_ks) for i, x in enumerate(times_tiles.ks(j0, j1))
-                    ]
-                    ps = [
-                        p.detach().view(1, -1, 1, 1).requires_grad_(i in want_ps)
-                        for i, p in enumerate(params)
-                    ]
-                    s = ctx.score_fn(dot, times_tiles.dt(i0, i1, j0, j1), tuple(qs), tuple(ks), tuple(ps))
-                p = torch.exp(s.detach() - lse_blk)
-                mask = _causal_mask(i0, i1, j0, j1, q.device) if ctx.causal else None
-                if mask is not None:
-                    p = p.masked_fill(mask, 0.0)
-                dv[:, :, j0:j1] += p.transpose(-1, -2) @ do_blk
-                ds = p * (do_blk @ v_c.transpose(-1, -2) - delta_blk)
-                inputs = [
+                dot = q_blk @ k_c.transpose(-1, -2)
+                dp = do_blk @ v_c.transpose(-1, -2)
+                mask = _causal_mask(i0, i1, j0, j1, q.device) if causal else None
+                p, d_dot, d_qs, d_ks, d_ps = _BACKWARD(
+                    use_compile,
+                    score_fn,
                     dot,
-                    *(qs[i] for i in want_qs),
-                    *(ks[i] for i in want_ks),
-                    *(ps[i] for i in want_ps),
-                ]
-                # autograd returns each leaf's own (broadcast-reduced) shape; None where a leaf is unused.
-                grads = torch.autograd.grad(s, inputs, ds, allow_unused=True)
-                d_dot, grads = grads[0], iter(grads[1:])
-                if d_dot is not None:
-                    dq[:, :, i0:i1] += d_dot @ k_c
-                    dk[:, :, j0:j1] += d_dot.transpose(-1, -2) @ q_blk
-                for i in want_qs:
-                    if (g := next(grads)) is not None:
-                        grad_qs[i][..., i0:i1] += g.squeeze(-1)
-                for i in want_ks:
-                    if (g := next(grads)) is not None:
-                        grad_ks[i][..., j0:j1] += g.squeeze(-2)
-                for i in want_ps:
-                    if (g := next(grads)) is not None:
-                        grad_ps[i] += g.reshape(-1)
-        return (None,) * 6 + (dq, dk, dv, None, *grad_qs, *grad_ks, *grad_ps)
+                    tq,
+                    tiles.tk(j0, j1),
+                    qs,
+                    tiles.ks(j0, j1),
+                    tiles.params,
+                    mask,
+                    lse_blk,
+                    dp,
+                    delta_blk,
+                )
+                dv[:, :, j0:j1] += p.transpose(-1, -2) @ do_blk
+                dq[:, :, i0:i1] += d_dot @ k_c
+                dk[:, :, j0:j1] += d_dot.transpose(-1, -2) @ q_blk
+                for acc, g in zip(grad_qs, d_qs):  # (B|1, H|1, bq, 1), already reduced over the tile
+                    acc[..., i0:i1] += g.squeeze(-1)
+                for acc, g in zip(grad_ks, d_ks):
+                    acc[..., j0:j1] += g.squeeze(-2)
+                for acc, g in zip(grad_ps, d_ps):
+                    acc += g.reshape(-1)
+        needs = ctx.needs_input_grad[11:]
+        grads = [g if need else None for g, need in zip((*grad_qs, *grad_ks, *grad_ps), needs)]
+        return (None,) * 7 + (dq, dk, dv, None, *grads)

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from geoattn.algebra.rotation import rope_angles, rotate_pairs
-from geoattn.attention.blockwise import blockwise_attention
+from geoattn.attention.blockwise import COMPILE_MIN_PAIRS, MaybeCompiled, blockwise_attention
 from geoattn.rt.precision import rt_noise_variance
 
 BACKENDS = ("auto", "reference", "blockwise", "flex")
@@ -87,6 +87,7 @@ def rt_attention(
     Returns:
         ``o`` of shape ``(B, H, N, D)``, or ``(o, weights)`` when ``return_weights``.
     """
+    dtype = q.dtype
     params = _validate(q, k, v, mu_r, sigma_t2, eta_t2, beta, omega, positions, backend)
     b, h, n, d = q.shape
     if positions is None:
@@ -94,27 +95,26 @@ def rt_attention(
     work = _work_dtype(q.dtype)
     times = positions.to(work)  # (N,) or (B, N)
     mu_r, sigma_t2, eta_t2, beta = (p.to(work) for p in params)
-    omega = None if omega is None else omega.to(work)
-
-    qh, _ = _unit(q.to(work))
-    kh, k_m2 = _unit(k.to(work))
-    vh = _unit(v.to(work))[0] if normalize_values else v.to(work)
-    log_m2 = torch.log(k_m2.clamp_min(torch.finfo(work).tiny))  # (B, H, N); |k| = 0 stays finite
-    # Transport to a common frame: ⟨R(−t_i) q̂_i, R(−t_j) k̂_j⟩ = ⟨q̂_i, R(t_i − t_j) k̂_j⟩.
-    angles = None if omega is None else rope_angles(times, omega)  # (B|1, H, N, D/2)
-    if angles is not None:
-        qh, kh, vh = (rotate_pairs(x, -angles) for x in (qh, kh, vh))
+    q, k, v = q.to(work), k.to(work), v.to(work)
+    angles = None if omega is None else rope_angles(times, omega.to(work))  # (B|1, H, N, D/2)
+    use_compile = b * h * n * n >= COMPILE_MIN_PAIRS
 
     if return_weights or backend == "reference":
+        qh, kh, vh, log_m2 = _prepare(q, k, v, angles, normalize_values)
         out, weights = _reference(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal)
     else:
         weights = None
         path = _choose_path(backend, q.device, times, mu_r, sigma_t2, eta_t2, causal)
-        out = _PATHS[path](qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal)
+        if path == "separable":  # one fused preparation straight to the folded SDPA inputs
+            folded = _PREPARE_SEPARABLE(use_compile, q, k, v, angles, normalize_values, mu_r, eta_t2, beta)
+            out = _sdpa(*folded, d, is_causal=causal)
+        else:
+            qh, kh, vh, log_m2 = _PREPARE(use_compile, q, k, v, angles, normalize_values)
+            out = _PATHS[path](qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile)
     if angles is not None:
-        out = rotate_pairs(out, angles)
-    out = out.to(q.dtype)
-    return (out, weights.to(q.dtype)) if return_weights else out
+        out = _FINISH(use_compile, out, angles)
+    out = out.to(dtype)
+    return (out, weights.to(dtype)) if return_weights else out
 
 
 def rt_logits(
@@ -153,20 +153,42 @@ def _reference(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal):
     return weights @ vh, weights
 
 
-def _sdpa_separable(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal):
-    d = qh.shape[-1]
+def _prepare(q, k, v, angles, normalize_values):
+    """Unit ``q̂, k̂`` (and ``v̂``) rotated to the common frame, and ``log |k|²``.
+
+    ``q, k, v (B, H, N, D)``, ``angles (B|1, H, N, D/2)`` or None → ``qh, kh, vh (B, H, N, D)``,
+    ``log_m2 (B, H, N)``.
+    """
+    qh, _ = _unit(q)
+    kh, k_m2 = _unit(k)
+    vh = _unit(v)[0] if normalize_values else v
+    log_m2 = torch.log(k_m2.clamp_min(torch.finfo(k_m2.dtype).tiny))  # |k| = 0 stays finite
+    if angles is not None:  # ⟨R(−t_i) q̂_i, R(−t_j) k̂_j⟩ = ⟨q̂_i, R(t_i − t_j) k̂_j⟩
+        qh, kh, vh = (rotate_pairs(x, -angles) for x in (qh, kh, vh))
+    return qh, kh, vh, log_m2
+
+
+def _finish(out, angles):
+    """Rotate ``Σ_j A_ij R(−t_j) v̂_j`` back to each query's own frame: ``(B, H, N, D)``."""
+    return rotate_pairs(out, angles)
+
+
+def _prepare_separable(q, k, v, angles, normalize_values, mu_r, eta_t2, beta):
+    """Folded SDPA inputs for σ_t² = 0: ``[β q̂, 1, 0] · [κ k̂, log κ − β κ, 0] = logit``, each
+    ``(B, H, N, D + 2)``, and the values zero-padded to the same width."""
+    qh, kh, vh, log_m2 = _prepare(q, k, v, angles, normalize_values)
     # μ_r acts only through σ_t²: with σ_t² = 0 its gradient is exactly zero; the 0·μ_r term keeps
     # it connected so that optimisers and DDP see a (zero) gradient.
     log_kappa = log_m2 - torch.log(eta_t2).view(1, -1, 1) + 0 * mu_r.view(1, -1, 1)  # (B, H, N)
     kappa = torch.exp(log_kappa)
     b = beta.view(1, -1, 1, 1)
     ones = torch.ones_like(qh[..., :1])
-    qx = torch.cat((b * qh, ones, torch.zeros_like(ones)), dim=-1)  # (B, H, N, D + 2)
+    qx = torch.cat((b * qh, ones, ones * 0), dim=-1)
     kx = torch.cat((kappa[..., None] * kh, (log_kappa - b[..., 0] * kappa)[..., None], ones * 0), dim=-1)
-    return _sdpa(qx, kx, vh, d, is_causal=causal)
+    return qx, kx, F.pad(vh, (0, 2))
 
 
-def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal):
+def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
     n, d = qh.shape[-2], qh.shape[-1]
     t = times if times.dim() == 2 else times.unsqueeze(0)  # (B|1, N)
     two_mu = (2 * mu_r).view(1, -1, 1)  # (1, H, 1)
@@ -183,11 +205,12 @@ def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal):
         bs = (b * s).expand_as(q_c[..., :1])  # (B, H, Lc, 1)
         qx = torch.cat((bs * q_c, -bs, torch.ones_like(bs)), dim=-1)  # (B, H, Lc, D + 2)
         kx = torch.cat((a * kh[:, :, :c1], a, log_a[..., None]), dim=-1)  # (B, H, c1, D + 2)
+        vx = F.pad(vh[:, :, :c1], (0, 2))
         if c0 == 0 and c1 == n:
-            out.append(_sdpa(qx, kx, vh[:, :, :c1], d, is_causal=causal))
+            out.append(_sdpa(qx, kx, vx, d, is_causal=causal))
         else:
             visible = torch.ones(c1 - c0, c1, dtype=torch.bool, device=qh.device).tril(c0)
-            out.append(_sdpa(qx, kx, vh[:, :, :c1], d, mask=visible))
+            out.append(_sdpa(qx, kx, vx, d, mask=visible))
     return torch.cat(out, dim=-2)
 
 
@@ -206,15 +229,14 @@ def _tied_chunks(t: Tensor, two_mu_max: float) -> list[tuple[int, int]]:
     return chunks
 
 
-def _sdpa(qx: Tensor, kx: Tensor, vh: Tensor, d: int, *, is_causal=False, mask=None) -> Tensor:
-    """SDPA with ``scale=1`` on folded queries/keys of width D + 2; values are zero-padded to the
-    same width (SDPA's fused CPU kernels need equal widths) and the output cropped back to ``(…, D)``."""
-    vx = F.pad(vh, (0, qx.shape[-1] - d))
+def _sdpa(qx: Tensor, kx: Tensor, vx: Tensor, d: int, *, is_causal=False, mask=None) -> Tensor:
+    """SDPA with ``scale=1`` on folded queries/keys of width D + 2 and values zero-padded to the same
+    width (SDPA's fused CPU kernels need equal widths); the output is cropped back to ``(…, D)``."""
     out = F.scaled_dot_product_attention(qx, kx, vx, attn_mask=mask, is_causal=is_causal, scale=1.0)
     return out[..., :d]
 
 
-def _blockwise(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal):
+def _blockwise(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
     return blockwise_attention(
         qh,
         kh,
@@ -224,10 +246,11 @@ def _blockwise(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal):
         key_scalars=(log_m2,),
         params=(mu_r, sigma_t2, eta_t2, beta),
         causal=causal,
+        compile=use_compile,
     )
 
 
-def _flex(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal):
+def _flex(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     b, h, n, _ = qh.shape
@@ -253,8 +276,8 @@ def _compiled_flex(flex_attention):
     return _FLEX_CACHE["fn"]
 
 
+_PREPARE, _PREPARE_SEPARABLE, _FINISH = (MaybeCompiled(f) for f in (_prepare, _prepare_separable, _finish))
 _PATHS = {
-    "separable": _sdpa_separable,
     "tied": _sdpa_tied,
     "blockwise": _blockwise,
     "flex": _flex,
