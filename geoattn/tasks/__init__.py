@@ -38,7 +38,7 @@ def get_task(
     Args:
         data: lm: a UTF-8 text file or a registered dataset name; nbody: an optional GATr-format
             directory; filter: unused (generated on the fly).
-        block_size: lm context length.
+        block_size: lm context length; filter: the sequence length (``seq_len``) unless given in options.
         options: task-specific settings (``--set task.KEY=VALUE``), validated by the task.
         meta: a checkpoint's task meta data (lm: its vocabulary, so ids keep their meaning).
     """
@@ -55,6 +55,8 @@ def get_task(
             )
         path = None if data is None else resolve_data(data)
         return cls(path, block_size, vocab=None if meta is None else meta["vocab"])
+    if name == "filter":
+        options.setdefault("seq_len", block_size)
     return _configured(cls, name, data, options)
 
 

@@ -1,8 +1,9 @@
 """The one training loop for every task and model.
 
 AdamW (betas 0.9/0.95), linear warmup then cosine decay to ``min_lr``, gradient clipping, periodic
-evaluation on fixed batches, ``metrics.jsonl``, atomic checkpoints that resume exactly, Ctrl-C saves
-and stops, DDP under ``torchrun``. The task supplies data, model and metrics (``geoattn.tasks.base``).
+evaluation on fixed batches, ``metrics.jsonl``, atomic checkpoints that resume exactly, Ctrl-C (or
+SIGTERM) saves and stops, DDP under ``torchrun``. The task supplies data, model and metrics
+(``geoattn.tasks.base``).
 
 Exact resume: training batches come from one CPU generator seeded with ``seed`` and checkpointed
 with the torch/python/numpy global RNG states; evaluation batches come from their own generators,
@@ -265,11 +266,13 @@ class Trainer:
 
     # ---------------------------------------------------------------- training -------------------
     def _request_stop(self, signum, frame) -> None:
-        if self.stop_requested:  # a second Ctrl-C aborts at once
+        # torchrun's agent forwards the terminal's Ctrl-C a second time: under DDP only the flag counts,
+        # so all ranks stop at the same iteration and save together.
+        if self.stop_requested and not self.env.enabled:  # a second Ctrl-C aborts at once
             raise KeyboardInterrupt
-        self.stop_requested = True
-        if self.env.is_main:
+        if not self.stop_requested and self.env.is_main:
             print("\ngeoattn: stopping after this iteration (Ctrl-C again to abort)", file=sys.stderr)
+        self.stop_requested = True
 
     def train(self) -> dict[str, Any]:
         """Run to ``max_iters`` (or until Ctrl-C). Returns the last evaluation plus ``iter``,
@@ -280,7 +283,8 @@ class Trainer:
             ckpt.write_config(self.out, self.run_config())
         metrics = open(self.out / ckpt.METRICS_FILE, "a") if self.env.is_main else None
         handler_installed = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, self._request_stop) if handler_installed else None
+        signals = (signal.SIGINT, signal.SIGTERM)
+        previous = [signal.signal(s, self._request_stop) for s in signals] if handler_installed else []
         bar = tqdm(
             total=config.max_iters,
             initial=self.iter,
@@ -324,8 +328,8 @@ class Trainer:
             bar.close()
             if metrics is not None:
                 metrics.close()
-            if handler_installed:
-                signal.signal(signal.SIGINT, previous)
+            for sig, handler in zip(signals, previous):
+                signal.signal(sig, handler)
         if interrupted:
             self.save()
         wall = time.perf_counter() - start
