@@ -54,7 +54,8 @@ class LMConfig:
     Shared fields:
         vocab_size, block_size: vocabulary and training context (tinyshakespeare chars: 65, 64).
         n_layer, n_head, n_embd: depth, heads, width (``n_embd / n_head`` must be even).
-        dropout: on attention weights (SDPA paths) and sublayer outputs.
+        dropout: on attention weights and outputs of the SDPA attentions (transformer, ngpt) and on MLP
+            outputs; the RT and RFA kernels have no attention dropout.
         mlp: ``"swiglu"`` (parameter-matched to 4× GELU), ``"gelu"`` (nanoGPT's 4× MLP; GPT and RFA
             only) or ``None`` (attention-only blocks, e.g. a pure filter).
         mlp_hidden: MLP width; None → 340 at C=128 for SwiGLU (≈ 8/3·C), 4·C for GELU.

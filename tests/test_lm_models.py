@@ -1,0 +1,239 @@
+"""The language models and backbones of ``geoattn.models.lm`` (SPEC §1.4, §1.6, brief of issue #3)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from geoattn.models.lm import MODELS, LMConfig, build_backbone, build_lm
+
+SMALL = dict(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32)
+VARIANTS = [(name, {}) for name in MODELS] + [("transformer", {"mlp": "gelu", "pos": "learned"})]
+IDS = [name + ("-nanogpt" if kw else "") for name, kw in VARIANTS]
+DATA = Path(__file__).parents[2] / "shared/data/tinyshakespeare.txt"
+
+
+def _model(name, **kw):
+    torch.manual_seed(0)
+    return build_lm(name, LMConfig(**{**SMALL, **kw})).eval()
+
+
+@pytest.mark.parametrize("name, kw", VARIANTS, ids=IDS)
+def test_parameter_count_at_the_nanogpt_recipe(name, kw):
+    """Every variant is ≈ 0.80 M parameters at 4 layers × 4 heads × 128, vocab 65, ctx 64."""
+    model = build_lm(name, LMConfig(vocab_size=65, block_size=64, **kw))
+    assert 0.78e6 < model.num_params() < 0.82e6
+    assert model.num_params() == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name, kw", VARIANTS, ids=IDS)
+def test_forward_loss_and_causality(name, kw):
+    model = _model(name, **kw)
+    idx = torch.randint(0, 65, (2, 16), generator=torch.Generator().manual_seed(1))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (2, 16, 65) and loss.shape == ()
+    assert model(idx)[1] is None
+    # an untrained model is near the uniform loss ln 65
+    assert abs(loss.item() - math.log(65)) < 1.5
+    changed = idx.clone()
+    changed[:, 9:] = (idx[:, 9:] + 1) % 65
+    other = model(changed)[0]
+    torch.testing.assert_close(other[:, :9], logits[:, :9])
+    assert (other[:, 9:] - logits[:, 9:]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name, kw", VARIANTS, ids=IDS)
+def test_generate_and_attention_maps(name, kw):
+    model = _model(name, **kw)
+    idx = torch.randint(0, 65, (3, 5))
+    out = model.generate(idx, 20, temperature=0.8, top_k=10)  # runs past block_size: the context is cropped
+    assert out.shape == (3, 25) and out.dtype == torch.long
+    assert ((out >= 0) & (out < 65)).all()
+    torch.testing.assert_close(out[:, :5], idx)
+    maps = model.attention_maps(idx)
+    assert len(maps) == SMALL["n_layer"]
+    for m in maps:
+        assert m.shape == (3, SMALL["n_head"], 5, 5)
+        torch.testing.assert_close(m.sum(-1), torch.ones(3, SMALL["n_head"], 5))
+        assert (m.triu(1) == 0).all()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_length_extrapolation_runs_beyond_block_size(name):
+    model = _model(name)
+    for factor in (2, 4, 8):
+        idx = torch.randint(0, 65, (1, factor * SMALL["block_size"]))
+        logits, loss = model(idx, idx)
+        assert logits.shape == (1, idx.shape[1], 65) and torch.isfinite(loss)
+
+
+def test_learned_positions_refuse_to_extrapolate():
+    model = _model("transformer", pos="learned")
+    with pytest.raises(ValueError, match="block_size=16"):
+        model(torch.zeros(1, 32, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_backbone_contract(name):
+    """``backbone(x (B, T, C), positions) -> (B, T, C)``; non-causal backbones see the whole set."""
+    torch.manual_seed(0)
+    backbone = build_backbone(name, LMConfig(**{**SMALL, "causal": False}))
+    x = torch.randn(2, 7, 32)
+    positions = torch.cumsum(torch.rand(2, 7), dim=-1)  # float times, per batch element
+    y = backbone(x, positions)
+    assert y.shape == x.shape and torch.isfinite(y).all()
+    if name in ("rt", "ngpt"):
+        torch.testing.assert_close(y.norm(dim=-1), torch.ones(2, 7), atol=1e-5, rtol=0)
+    x2 = x.clone()
+    x2[:, -1] = torch.randn(2, 32)
+    assert (backbone(x2, positions)[:, 0] - y[:, 0]).abs().max() > 1e-5  # bidirectional
+    with pytest.raises(ValueError, match="positions"):
+        backbone(x, torch.arange(6.0))
+    with pytest.raises(ValueError, match=r"expected \(B, T, 32\)"):
+        backbone(torch.randn(2, 7, 16))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_zero_inputs_stay_finite(name):
+    torch.manual_seed(0)
+    backbone = build_backbone(name, LMConfig(**SMALL))
+    x = torch.zeros(2, 5, 32, requires_grad=True)
+    y = backbone(x)
+    assert torch.isfinite(y).all()
+    y.square().sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in backbone.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_optim_groups_and_weight_normalisation(name):
+    model = _model(name)
+    groups = model.optim_groups(0.1)
+    grouped = [id(p) for g in groups for p in g["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters())  # each parameter exactly once
+    decayed = [p for g in groups if g["weight_decay"] > 0 for p in g["params"]]
+    sphere = name in ("rt", "ngpt")
+    assert hasattr(model, "normalize_weights") == sphere
+    if not sphere:
+        assert decayed and all(p.dim() >= 2 for p in decayed)
+        return
+    assert not decayed  # nGPT: no weight decay, weights are renormalised instead
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(3.0)
+    model.normalize_weights()
+    torch.testing.assert_close(model.wte.weight.norm(dim=1), torch.ones(65))
+    attn = model.backbone.blocks[0].attn
+    torch.testing.assert_close(attn.c_attn.weight.norm(dim=1), torch.ones(3 * 32))  # rows over C_in
+    torch.testing.assert_close(attn.c_proj.weight.norm(dim=0), torch.ones(32))  # columns over C_out
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("n_head", 3, "multiple of n_head"),
+        ("n_embd", 36, "head dimension"),  # 36 / 4 = 9, odd
+        ("mlp", "relu", "mlp"),
+        ("pos", "alibi", "pos"),
+        ("step", "exp", "step"),
+        ("dropout", 1.0, "dropout"),
+        ("vocab_size", 0, "vocab_size"),
+        ("alpha_init", 0.0, "alpha_init"),
+    ],
+)
+def test_config_validation(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        LMConfig(**{"n_head": 4, field: value})
+
+
+def test_model_names_and_model_specific_options():
+    with pytest.raises(ValueError, match="valid names: transformer, rt, rfa, ngpt"):
+        build_lm("gpt", LMConfig(**SMALL))
+    with pytest.raises(ValueError, match="valid names"):
+        build_backbone("gpt", LMConfig(**SMALL))
+    with pytest.raises(ValueError, match="pos='learned'"):
+        build_lm("rt", LMConfig(**{**SMALL, "pos": "learned"}))
+    with pytest.raises(ValueError, match="mlp='gelu'"):
+        build_lm("ngpt", LMConfig(**{**SMALL, "mlp": "gelu"}))
+    with pytest.raises(ValueError, match="idx"):
+        _model("transformer")(torch.zeros(16, dtype=torch.long))
+
+
+def test_rt_switches_reach_the_layers():
+    cfg = LMConfig(
+        **SMALL,
+        magnitude_precision=False,
+        qkv_norm=False,
+        tangent_correction=False,
+        process_noise=False,
+        learn_omega=True,
+        step="geodesic",
+        mlp=None,
+    )
+    block = build_lm("rt", cfg).backbone.blocks[0]
+    attn = block.attn
+    assert (attn.magnitude_precision, attn.qkv_norm, attn.process_noise) == (False, False, False)
+    assert (block.tangent_correction, block.step, block.mlp) == (False, "geodesic", None)
+    assert isinstance(attn.omega, torch.nn.Parameter)
+
+
+# ------------------------------------------------------------------------------------------------
+# Training: a few hundred steps must beat what an untrained or unigram model can reach.
+
+# Untrained ≈ ln 65 = 4.17, a unigram model ≈ 3.3; bigram statistics alone ≈ 2.5.
+THRESHOLD = 2.6
+STEPS = 300
+
+
+def _train(name: str, steps: int, lr: float) -> float:
+    text = DATA.read_text()
+    chars = sorted(set(text))
+    lookup = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([lookup[c] for c in text], dtype=torch.long)
+    split = int(0.9 * len(data))
+    train, val = data[:split], data[split:]
+    ctx, batch = 64, 16
+    g = torch.Generator().manual_seed(0)
+
+    def get(source):
+        ix = torch.randint(len(source) - ctx - 1, (batch,), generator=g)
+        return torch.stack([source[i : i + ctx] for i in ix]), torch.stack(
+            [source[i + 1 : i + 1 + ctx] for i in ix]
+        )
+
+    torch.manual_seed(0)
+    model = build_lm(name, LMConfig(vocab_size=len(chars), block_size=ctx, n_layer=2, n_head=2, n_embd=64))
+    sphere = hasattr(model, "normalize_weights")
+    opt = torch.optim.AdamW(model.optim_groups(0.0 if sphere else 0.1), lr=lr, betas=(0.9, 0.99))
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / 30)
+        loss = model(*get(train))[1]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if sphere:
+            model.normalize_weights()
+    model.eval()
+    with torch.no_grad():
+        return sum(model(*get(val))[1].item() for _ in range(8)) / 8
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models train faster on one thread, and far faster on a loaded machine (no spinning barriers)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, lr", [("transformer", 3e-3), ("rt", 6e-3)])
+def test_short_training_run_learns_tinyshakespeare(name, lr, one_thread):
+    assert _train(name, STEPS, lr) < THRESHOLD
