@@ -155,6 +155,21 @@ class Backbone(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.ln_f = None if sphere else make_norm(config.norm, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.pos == "learned" else None
+        self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        """Hypersphere: N(0, 1/C) then unit rows (nGPT); pre-norm: nanoGPT's N(0, 0.02), c_proj / sqrt(2L)."""
+        if self.sphere:
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    nn.init.normal_(m.weight, std=self.config.n_embd**-0.5)
+            self.normalize_weights()
+            return
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                last = name.endswith("c_proj.weight")
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layer) if last else 0.02)
 
     def _prepare(self, x: Tensor, positions: Tensor | None) -> Tensor:
         check_input(x, self.config.n_embd)
@@ -299,22 +314,15 @@ class LanguageModel(nn.Module):
         self.backbone = build_backbone(self.model_name, config)
         self.sphere = self.backbone.sphere
         self.s_z = ScaledVector(config.vocab_size, 1.0, config.n_embd**-0.5) if self.sphere else None
-        self._init_weights()
+        self._init_weights()  # the backbone initialises its own blocks
 
     @torch.no_grad()
     def _init_weights(self) -> None:
         if self.sphere:
-            std = self.config.n_embd**-0.5
-            for m in self.modules():
-                if isinstance(m, nn.Linear | nn.Embedding):
-                    nn.init.normal_(m.weight, std=std)
-            self.normalize_weights()
-            return
-        # nanoGPT: N(0, 0.02), residual projections scaled by 1/sqrt(2·n_layer)
-        for name, p in self.named_parameters():
-            if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj.weight") else 0.02
-                nn.init.normal_(p, std=std)
+            nn.init.normal_(self.wte.weight, std=self.config.n_embd**-0.5)
+            normalize_(self.wte.weight, dim=1)
+        else:
+            nn.init.normal_(self.wte.weight, std=0.02)
 
     def _logits(self, h: Tensor) -> Tensor:
         logits = h @ self.wte.weight.t()  # (B, T, V)
