@@ -315,8 +315,11 @@ def rfa_attention(
         raise ValueError(f"backend must be one of {RFA_BACKENDS}, got {backend!r}")
     if return_weights and backend != "reference":
         raise ValueError("return_weights=True needs backend='reference'")
+    out_dtype = q.dtype
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # times, logs, exps
+    q, k, v = q.to(work), k.to(work), v.to(work)
     if positions is None:
-        positions = torch.arange(N, device=q.device, dtype=q.dtype)
+        positions = torch.arange(N, device=q.device, dtype=work)
     if positions.shape not in ((N,), (B, N)):
         raise ValueError(f"positions has shape {tuple(positions.shape)}, expected ({N},) or ({B}, {N})")
     t = (positions if positions.dim() == 2 else positions.unsqueeze(0)).to(q.dtype)  # (B|1, N)
@@ -346,7 +349,7 @@ def rfa_attention(
         o = torch.cat(outs, dim=2)
     if omega is not None:
         o = rotate_pairs(o, rope_angles(t, omega.to(q.dtype)))  # back to each query's frame: R(t_i)
-    return (o, a) if return_weights else o
+    return (o.to(out_dtype), a.to(out_dtype)) if return_weights else o.to(out_dtype)
 
 
 class RFAAttention(nn.Module):
