@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from geoattn.layers.transformer import merge_heads, split_heads
 from geoattn.models.lm import MODELS, LMConfig, build_backbone, build_lm
 
 SMALL = dict(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -59,6 +60,15 @@ def test_generate_and_attention_maps(name, kw):
         assert m.shape == (3, SMALL["n_head"], 5, 5)
         torch.testing.assert_close(m.sum(-1), torch.ones(3, SMALL["n_head"], 5))
         assert (m.triu(1) == 0).all()
+
+
+@pytest.mark.parametrize("name", ["transformer", "ngpt"])
+def test_attention_maps_show_what_the_sdpa_path_computes(name):
+    attn = _model(name).backbone.blocks[0].attn
+    x = torch.randn(2, 9, 32)
+    v = split_heads(attn.c_attn(x).split(32, dim=-1)[2], SMALL["n_head"])  # (B, H, T, D)
+    expected = attn.c_proj(merge_heads(attn.attention_weights(x) @ v))
+    torch.testing.assert_close(attn(x), expected)
 
 
 @pytest.mark.parametrize("name", MODELS)
