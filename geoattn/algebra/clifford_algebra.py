@@ -33,9 +33,11 @@ class CliffordAlgebra:
         grades: ``(dim,)`` tuple, the grade of each blade.
         grade_indices: ``grade_indices[k]`` = blade indices of grade k.
         cayley_sparse: the nonzero entries ``(i, j, k, sign)`` of ``e_i e_j = sign · e_k``.
+        compile: run large batches (≥ ``kernels.COMPILE_MIN_ROWS`` rows) of the bilinear products
+            through ``torch.compile``d per-blade kernels (default True; set False to stay eager).
     """
 
-    def __init__(self, p: int, q: int = 0, r: int = 0):
+    def __init__(self, p: int, q: int = 0, r: int = 0, *, compile: bool = True):
         for name, value in (("p", p), ("q", q), ("r", r)):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"CliffordAlgebra needs integers p, q, r ≥ 0, got {name}={value!r}")
@@ -55,6 +57,12 @@ class CliffordAlgebra:
         self.cayley_sparse = t.products["geometric"]
         self._tables = t
         self._cache: dict[tuple, dict[str, Tensor]] = {}
+        # twisted: e_i ⋆ e_j = (-1)^{grade i · grade j} e_i e_j, so V ⋆ x = V_even x + V_odd x̂
+        g = t.grades
+        twisted = tuple((i, j, k, s * (-1) ** (g[i] * g[j])) for i, j, k, s in self.cayley_sparse)
+        self._entries = {**t.products, "twisted": twisted}
+        self._products = kernels.CompiledProducts(self._entries, self.dim, f"cl{p}{q}{r}")
+        self.compile = compile
 
     def __repr__(self) -> str:
         return f"CliffordAlgebra(p={self.p}, q={self.q}, r={self.r})"
@@ -81,12 +89,10 @@ class CliffordAlgebra:
         # partner[i, k]: the only blade j with e_i e_j ∝ e_k (j = i xor k as bitmasks)
         partner = [[index[t.masks[i] ^ t.masks[k]] for k in range(dim)] for i in range(dim)]
         out = {"partner": torch.tensor(partner, dtype=torch.long, device=device)}
-        for name in (*t.products, "twisted"):
-            src = t.products["geometric" if name == "twisted" else name]
+        for name, entries in self._entries.items():
             signs = torch.zeros(dim, dim, dtype=dtype)
-            for i, j, k, s in src:
-                # twisted: e_i ⋆ e_j = (-1)^{grade i · grade j} e_i e_j, i.e. V_even x + V_odd x̂
-                signs[i, k] = s * (-1) ** (t.grades[i] * t.grades[j]) if name == "twisted" else s
+            for i, _, k, s in entries:
+                signs[i, k] = s
             out[name] = signs.to(device)
         cayley = torch.zeros(dim, dim, dim, dtype=dtype)
         for i, j, k, s in self.cayley_sparse:
@@ -141,7 +147,21 @@ class CliffordAlgebra:
 
     # ------------------------------------------------------------------ products
     def _bilinear(self, a: Tensor, b: Tensor, table: str) -> Tensor:
-        return kernels.bilinear(self, a, b, table)
+        """The sparse bilinear product ``table``: ``(..., dim)`` × ``(..., dim)`` → ``(..., dim)``.
+
+        Inside a caller's ``torch.compile`` the generated per-blade expression is traced into its
+        graph; large eager batches run that expression compiled; small ones use the gather form.
+        """
+        if torch.compiler.is_compiling():
+            return self._products.plain(table)(a, b)
+        rows = math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1]))
+        if self.compile and rows >= kernels.COMPILE_MIN_ROWS and not self._products.compile_failed:
+            try:
+                return kernels.CompiledBilinear.apply(a, b, self._products, table)
+            except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. no C++ compiler on this machine
+                self._products.disable(err)
+        t = self._table(a.device, a.dtype)
+        return kernels.gather_product(a, b, t["partner"], t[table])
 
     def geometric_product(self, a: Tensor, b: Tensor) -> Tensor:
         """``a b``. a: ``(..., dim)``, b: ``(..., dim)`` (leading dims broadcast) → ``(..., dim)``."""
