@@ -241,6 +241,19 @@ def test_bad_settings(tmp_path, capsys, flags, fragments):
     assert_usage_error(capsys, ["train", *TINY, *flags, "--out", str(tmp_path / "r")], "train", *fragments)
 
 
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--model", "rotor"], ["filter task supports models transformer, rt, rfa, ngpt", "'rotor'"]),
+        (["--set", "task.sigma=1"], ["unknown filter task option(s) sigma", "valid:", "sigma_t"]),
+        (["--data", str(SHAKESPEARE)], ["the filter task generates its data; it takes no --data"]),
+    ],
+)
+def test_bad_filter_settings(tmp_path, capsys, flags, fragments):
+    argv = ["train", "--task", "filter", "--max-iters", "1", "--out", str(tmp_path / "r"), *flags]
+    assert_usage_error(capsys, argv, "train", *fragments)
+
+
 def test_a_typo_in_the_toml_lists_the_valid_keys(tmp_path, capsys):
     toml = tmp_path / "bad.toml"
     toml.write_text("[optim]\nlearning_rate = 1e-3\n")

@@ -149,7 +149,10 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.model = task.build_model(config.model, config).to(self.device)
         torch.manual_seed(config.seed + self.env.rank)
-        self.ddp = DistributedDataParallel(self.model) if self.env.enabled else None
+        self.ddp = None
+        if self.env.enabled:
+            on_cuda = self.device.type == "cuda"
+            self.ddp = DistributedDataParallel(self.model, device_ids=[self.device] if on_cuda else None)
         self.optimizer = torch.optim.AdamW(
             optimizer_groups(self.model, config.weight_decay),
             lr=config.lr,
