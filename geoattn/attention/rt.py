@@ -45,12 +45,12 @@ from geoattn.rt.precision import rt_noise_variance
 
 BACKENDS = ("auto", "reference", "blockwise", "flex")
 
-# Largest 2 μ_r (t − t₀) within one SDPA chunk of the tied family: e^{±30} keeps the folded
-# query and key scalings far from float32 overflow while leaving room for m²/η² and β.
-_TIED_MAX_EXPONENT = 30.0
+# Largest 2 μ_r (t − t₀) within one SDPA chunk of the tied family: e^{±60} keeps the folded
+# query and key scalings inside float32's range (e^{±87}) with room for m²/η² and β.
+_TIED_MAX_EXPONENT = 60.0
 # Queries per chunk when the tied family needs several chunks: its causal mask is
 # (chunk, keys) booleans, so this bounds that mask to O(N) memory.
-_TIED_MAX_CHUNK = 512
+_TIED_MAX_CHUNK = 1024
 
 
 def rt_attention(
@@ -192,26 +192,43 @@ def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, 
     n, d = qh.shape[-2], qh.shape[-1]
     t = times if times.dim() == 2 else times.unsqueeze(0)  # (B|1, N)
     two_mu = (2 * mu_r).view(1, -1, 1)  # (1, H, 1)
-    b = beta.view(1, -1, 1, 1)
     out = []
     for c0, c1 in _tied_chunks(t, float(two_mu.max())):
-        t0 = t[:, c0 : c0 + 1, None].transpose(1, 2)  # (B|1, 1, 1)
-        rel_q = t[:, None, c0:c1] - t0  # (B|1, 1, Lc), ≥ 0
-        rel_k = t[:, None, :c1] - t0  # (B|1, 1, c1), ≤ the chunk span
-        s = torch.exp(-two_mu * rel_q)[..., None]  # (B|1, H, Lc, 1)
-        log_a = log_m2[..., :c1] - torch.log(eta_t2).view(1, -1, 1) + two_mu * rel_k  # (B, H, c1)
-        a = torch.exp(log_a)[..., None]
-        q_c = qh[:, :, c0:c1]
-        bs = (b * s).expand_as(q_c[..., :1])  # (B, H, Lc, 1)
-        qx = torch.cat((bs * q_c, -bs, torch.ones_like(bs)), dim=-1)  # (B, H, Lc, D + 2)
-        kx = torch.cat((a * kh[:, :, :c1], a, log_a[..., None]), dim=-1)  # (B, H, c1, D + 2)
-        vx = F.pad(vh[:, :, :c1], (0, 2))
+        t0 = t[:, None, c0 : c0 + 1]  # (B|1, 1, 1), the chunk's first query time
+        folded = _FOLD_TIED(
+            use_compile,
+            qh[:, :, c0:c1],
+            kh[:, :, :c1],
+            vh[:, :, :c1],
+            log_m2[..., :c1],
+            t[:, None, c0:c1] - t0,
+            t[:, None, :c1] - t0,
+            two_mu,
+            eta_t2,
+            beta,
+        )
         if c0 == 0 and c1 == n:
-            out.append(_sdpa(qx, kx, vx, d, is_causal=causal))
+            out.append(_sdpa(*folded, d, is_causal=causal))
         else:
             visible = torch.ones(c1 - c0, c1, dtype=torch.bool, device=qh.device).tril(c0)
-            out.append(_sdpa(qx, kx, vx, d, mask=visible))
+            out.append(_sdpa(*folded, d, mask=visible))
     return torch.cat(out, dim=-2)
+
+
+def _fold_tied(q_c, k_p, v_p, log_m2_p, rel_q, rel_k, two_mu, eta_t2, beta):
+    """Folded SDPA inputs of one query chunk for σ_t² = 2 μ_r η_t²: ``κ_ij = s_i a_j`` and
+    ``[β s_i q̂_i, −β s_i, 1] · [a_j k̂_j, a_j, log a_j] = logit_ij − log s_i``.
+
+    ``q_c (B, H, Lc, D)``; keys and values up to the chunk end ``k_p, v_p (B, H, c1, D)``,
+    ``log_m2_p (B, H, c1)``; times relative to the chunk start ``rel_q (B|1, 1, Lc)``,
+    ``rel_k (B|1, 1, c1)``; ``two_mu (1, H, 1)``. Returns ``(B, H, Lc | c1, D + 2)`` tensors.
+    """
+    bs = (beta.view(1, -1, 1, 1) * torch.exp(-two_mu * rel_q)[..., None]).expand_as(q_c[..., :1])  # β s_i
+    log_a = log_m2_p - torch.log(eta_t2).view(1, -1, 1) + two_mu * rel_k  # (B, H, c1)
+    a = torch.exp(log_a)[..., None]
+    qx = torch.cat((bs * q_c, -bs, torch.ones_like(bs)), dim=-1)
+    kx = torch.cat((a * k_p, a, log_a[..., None]), dim=-1)
+    return qx, kx, F.pad(v_p, (0, 2))
 
 
 def _tied_chunks(t: Tensor, two_mu_max: float) -> list[tuple[int, int]]:
@@ -276,7 +293,9 @@ def _compiled_flex(flex_attention):
     return _FLEX_CACHE["fn"]
 
 
-_PREPARE, _PREPARE_SEPARABLE, _FINISH = (MaybeCompiled(f) for f in (_prepare, _prepare_separable, _finish))
+_PREPARE, _PREPARE_SEPARABLE, _FOLD_TIED, _FINISH = (
+    MaybeCompiled(f) for f in (_prepare, _prepare_separable, _fold_tied, _finish)
+)
 _PATHS = {
     "tied": _sdpa_tied,
     "blockwise": _blockwise,
