@@ -59,9 +59,10 @@ class CliffordAlgebra:
         self._cache: dict[tuple, dict[str, Tensor]] = {}
         # twisted: e_i ⋆ e_j = (-1)^{grade i · grade j} e_i e_j, so V ⋆ x = V_even x + V_odd x̂
         g = t.grades
-        twisted = tuple((i, j, k, s * (-1) ** (g[i] * g[j])) for i, j, k, s in self.cayley_sparse)
+        twisted = tuple((i, j, k, -s if g[i] & g[j] & 1 else s) for i, j, k, s in self.cayley_sparse)
         self._entries = {**t.products, "twisted": twisted}
         self._products = kernels.CompiledProducts(self._entries, self.dim, f"cl{p}{q}{r}")
+        self._masters = self._build_masters()
         self.compile = compile
 
     def __repr__(self) -> str:
@@ -77,35 +78,44 @@ class CliffordAlgebra:
         return self._table(torch.device("cpu"), torch.float32)["cayley"]
 
     def _table(self, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
-        """Sign/index tensors for one (device, dtype), built once on that device."""
-        key = (device, dtype)
-        if key not in self._cache:
-            self._cache[key] = self._build_table(device, dtype)
-        return self._cache[key]
+        """Sign/index tensors for one (device, dtype), made once on that device from the CPU masters.
 
-    def _build_table(self, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
+        Inside a torch.compile trace a missing entry is converted without caching (a traced
+        tensor must not leak into the cache); the graph then holds the conversion.
+        """
+        key = (device, dtype)
+        if key in self._cache:
+            return self._cache[key]
+        table = {k: v.to(device, dtype if v.is_floating_point() else None) for k, v in self._masters.items()}
+        if not torch.compiler.is_compiling():
+            self._cache[key] = table
+        return table
+
+    def _build_masters(self) -> dict[str, Tensor]:
+        """All tables as float64 (signs) / int64 (indices) CPU tensors; built once, eagerly."""
         t, dim = self._tables, self.dim
         index = {m: i for i, m in enumerate(t.masks)}
         # partner[i, k]: the only blade j with e_i e_j ∝ e_k (j = i xor k as bitmasks)
         partner = [[index[t.masks[i] ^ t.masks[k]] for k in range(dim)] for i in range(dim)]
-        out = {"partner": torch.tensor(partner, dtype=torch.long, device=device)}
+        out = {"partner": torch.tensor(partner, dtype=torch.long)}
         for name, entries in self._entries.items():
-            signs = torch.zeros(dim, dim, dtype=dtype)
-            for i, _, k, s in entries:
-                signs[i, k] = s
-            out[name] = signs.to(device)
-        cayley = torch.zeros(dim, dim, dim, dtype=dtype)
-        for i, j, k, s in self.cayley_sparse:
-            cayley[i, j, k] = s
-        out["cayley"] = cayley.to(device)
+            i, _, k, s = torch.tensor(entries, dtype=torch.long).T
+            out[name] = torch.zeros(dim, dim, dtype=torch.float64).index_put((i, k), s.double())
+        i, j, k, s = torch.tensor(self.cayley_sparse, dtype=torch.long).T
+        cayley = torch.zeros(dim, dim, dim, dtype=torch.float64).index_put((i, j, k), s.double())
+        out["cayley"] = cayley
         g = torch.tensor(t.grades)
-        out["reverse"] = torch.where((g * (g - 1) // 2) % 2 == 1, -1.0, 1.0).to(device, dtype)
-        out["involution"] = torch.where(g % 2 == 1, -1.0, 1.0).to(device, dtype)
+        out["reverse"] = torch.where((g * (g - 1) // 2) % 2 == 1, -1.0, 1.0).double()
+        out["involution"] = torch.where(g % 2 == 1, -1.0, 1.0).double()
         out["conjugate"] = out["reverse"] * out["involution"]
         # ⟨ẽ_i e_i⟩₀: the product of the squares of the blade's basis vectors
         metric = [math.prod(s for b, s in enumerate(t.signature) if m >> b & 1) for m in t.masks]
-        out["inner"] = torch.tensor(metric, dtype=dtype, device=device)
+        out["inner"] = torch.tensor(metric, dtype=torch.float64)
         out["scalar"] = out["inner"] * out["reverse"]  # ⟨e_i e_i⟩₀
+        out["grade_masks"] = (g[None, :] == torch.arange(self.n + 1)[:, None]).double()  # (n + 1, dim)
+        out["one"] = out["grade_masks"][0]
+        out["even_index"] = torch.tensor([i for i, k in enumerate(t.grades) if k % 2 == 0])  # (dim / 2,)
+        out["even_cayley"] = cayley[:, out["even_index"]][:, :, out["even_index"]]  # (dim, dim / 2, dim / 2)
         return out
 
     # ------------------------------------------------------------------ checks
@@ -214,9 +224,7 @@ class CliffordAlgebra:
         self._check(x, "x", "grade")
         if not isinstance(k, int) or not 0 <= k <= self.n:
             raise ValueError(f"grade: k must be an integer in [0, {self.n}] for {self!r}, got k={k!r}")
-        mask = torch.zeros(self.dim, dtype=x.dtype, device=x.device)
-        mask[list(self.grade_indices[k])] = 1
-        return x * mask
+        return x * self._table(x.device, x.dtype)["grade_masks"][k]
 
     def vector(self, v: Tensor) -> Tensor:
         """Embed vectors: ``(..., n)`` coordinates on ``e1..en`` → ``(..., dim)`` multivectors."""
@@ -291,25 +299,18 @@ class CliffordAlgebra:
         if self.n <= 3:
             lam = self.scalar_product(B, B)
             c, s = _cos_sinc(lam)
-            one = torch.zeros(self.dim, dtype=B.dtype, device=B.device)
-            one[0] = 1
-            return c.unsqueeze(-1) * one + s.unsqueeze(-1) * B
-        even = [i for i, g in enumerate(self.grades) if g % 2 == 0]
+            return c.unsqueeze(-1) * self._table(B.device, B.dtype)["one"] + s.unsqueeze(-1) * B
         t = self._table(B.device, B.dtype)
-        idx = torch.tensor(even, device=B.device)
-        cayley = t["cayley"][:, idx][:, :, idx]  # (dim, even, even)
-        left = torch.einsum("...i,ijk->...kj", B, cayley)  # (..., even, even): x ↦ B x
+        left = torch.einsum("...i,ijk->...kj", B, t["even_cayley"])  # (..., E, E): x ↦ B x, E = dim/2
         # exp(L_B) applied to the scalar 1. matrix_exp loses digits at small norms (its degree choice);
         # there the Taylor series (1-norm < 1, 24 terms: error < 1/25! ≈ 6e-26) is exact to rounding.
-        term = torch.zeros_like(left[..., 0])
-        term[..., 0] = 1
-        series = term
+        term = series = t["one"][: self.dim // 2].expand_as(left[..., 0])  # the scalar is even blade 0
         for m in range(1, 25):
             term = (left @ term.unsqueeze(-1)).squeeze(-1) / m
             series = series + term
         small = left.abs().sum(-2).amax(-1, keepdim=True) < 1
         coeffs = torch.where(small, series, torch.linalg.matrix_exp(left)[..., 0])
-        return coeffs.new_zeros(*coeffs.shape[:-1], self.dim).index_copy(-1, idx, coeffs)
+        return coeffs.new_zeros(*coeffs.shape[:-1], self.dim).index_copy(-1, t["even_index"], coeffs)
 
     def rotor_between(self, a: Tensor, b: Tensor) -> Tensor:
         """The rotor R with ``R â R̃ = b̂`` (â, b̂ = a, b normalised): ``(σ + b̂ â) / |σ + b̂ â|``, σ = â².
@@ -352,9 +353,7 @@ class CliffordAlgebra:
     def _half_rotor(self, a_hat: Tensor, b_hat: Tensor, sigma: Tensor) -> tuple[Tensor, Tensor]:
         """``(σ + b̂ â) / |σ + b̂ â|`` and ``|σ + b̂ â|²`` (unit a_hat, b_hat ``(..., n)``)."""
         unnormalised = self.geometric_product(self.vector(b_hat), self.vector(a_hat))
-        scalar = torch.zeros(self.dim, dtype=a_hat.dtype, device=a_hat.device)
-        scalar[0] = 1
-        unnormalised = unnormalised + sigma.unsqueeze(-1) * scalar
+        unnormalised = unnormalised + sigma.unsqueeze(-1) * self._table(a_hat.device, a_hat.dtype)["one"]
         norm2 = self.inner_product(unnormalised, unnormalised).abs()
         return unnormalised / _safe_sqrt(norm2).clamp_min(1e-30).unsqueeze(-1), norm2
 

@@ -87,6 +87,8 @@ class CompiledProducts:
         self._plain: dict[str, Callable] = {}
         self._compiled: dict[str, Callable] = {}
         self.compile_failed = False
+        for name in tables:  # eagerly: torch.compile cannot trace the code generation
+            self.plain(name)
 
     def plain(self, table: str) -> Callable[[Tensor, Tensor], Tensor]:
         if table not in self._plain:
