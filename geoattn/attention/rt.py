@@ -189,7 +189,7 @@ def _prepare_separable(q, k, v, angles, normalize_values, mu_r, eta_t2, beta):
 
 
 def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
-    n, d = qh.shape[-2], qh.shape[-1]
+    d = qh.shape[-1]
     t = times if times.dim() == 2 else times.unsqueeze(0)  # (B|1, N)
     two_mu = (2 * mu_r).view(1, -1, 1)  # (1, H, 1)
     out = []
@@ -207,7 +207,7 @@ def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, 
             eta_t2,
             beta,
         )
-        if c0 == 0 and c1 == n:
+        if c0 == 0:  # a square block from the start: SDPA's own causal mask
             out.append(_sdpa(*folded, d, is_causal=causal))
         else:
             visible = torch.ones(c1 - c0, c1, dtype=torch.bool, device=qh.device).tril(c0)
