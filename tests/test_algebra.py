@@ -263,6 +263,18 @@ def test_exp_of_bivector_is_a_rotor(sig):
     close(odd, np.zeros(R.shape), 0.0)  # R is even
 
 
+@pytest.mark.parametrize("sig", [(3, 0, 0), (1, 3, 0), (4, 0, 0)])
+def test_inner_product_is_invariant_under_versors(sig):
+    """⟨x̃ y⟩₀ is unchanged when x and y move by the same versor (rotations and reflections)."""
+    alg = CliffordAlgebra(*sig)
+    x, y = rand(0, 4, alg.dim), rand(1, 4, alg.dim)
+    for k in (1, 2, 3):
+        V = random_versor(alg, 10 + k, k)
+        V = V / alg.norm(V).unsqueeze(-1)  # |⟨V Ṽ⟩₀| = 1 so the action is an isometry, not a scaling
+        moved = alg.inner_product(alg.sandwich(V, x), alg.sandwich(V, y))
+        close(moved, alg.inner_product(x, y).numpy(), 1e-11)
+
+
 def test_exp_gradient_finite_at_zero():
     for sig in [(3, 0, 0), (4, 0, 0)]:
         alg = CliffordAlgebra(*sig)
@@ -272,6 +284,11 @@ def test_exp_gradient_finite_at_zero():
     x = torch.zeros(8, dtype=torch.float64, requires_grad=True)
     CliffordAlgebra(3).norm(x).backward()
     assert torch.equal(x.grad, torch.zeros(8, dtype=torch.float64))
+    # rotor_between at a = b (identity rotor) and at a zero vector: finite gradients
+    for a, b in [(rand(0, 3), rand(0, 3)), (torch.zeros(3, dtype=torch.float64), rand(1, 3))]:
+        a, b = a.requires_grad_(), b.requires_grad_()
+        CliffordAlgebra(3).rotor_between(a, b).pow(2).sum().backward()
+        assert torch.isfinite(a.grad).all() and torch.isfinite(b.grad).all()
 
 
 # ---------------------------------------------------------------------------- rotor_between

@@ -101,9 +101,9 @@ class CliffordAlgebra:
         for name, entries in self._entries.items():
             i, _, k, s = torch.tensor(entries, dtype=torch.long).T
             out[name] = torch.zeros(dim, dim, dtype=torch.float64).index_put((i, k), s.double())
-        i, j, k, s = torch.tensor(self.cayley_sparse, dtype=torch.long).T
-        cayley = torch.zeros(dim, dim, dim, dtype=torch.float64).index_put((i, j, k), s.double())
-        out["cayley"] = cayley
+        for name, table in (("cayley", "geometric"), ("twisted_cayley", "twisted")):  # dense (dim, dim, dim)
+            i, j, k, s = torch.tensor(self._entries[table], dtype=torch.long).T
+            out[name] = torch.zeros(dim, dim, dim, dtype=torch.float64).index_put((i, j, k), s.double())
         g = torch.tensor(t.grades)
         out["reverse"] = torch.where((g * (g - 1) // 2) % 2 == 1, -1.0, 1.0).double()
         out["involution"] = torch.where(g % 2 == 1, -1.0, 1.0).double()
@@ -115,7 +115,8 @@ class CliffordAlgebra:
         out["grade_masks"] = (g[None, :] == torch.arange(self.n + 1)[:, None]).double()  # (n + 1, dim)
         out["one"] = out["grade_masks"][0]
         out["even_index"] = torch.tensor([i for i, k in enumerate(t.grades) if k % 2 == 0])  # (dim / 2,)
-        out["even_cayley"] = cayley[:, out["even_index"]][:, :, out["even_index"]]  # (dim, dim / 2, dim / 2)
+        even = out["even_index"]
+        out["even_cayley"] = out["cayley"][:, even][:, :, even]  # (dim, dim / 2, dim / 2)
         return out
 
     # ------------------------------------------------------------------ checks
@@ -275,12 +276,8 @@ class CliffordAlgebra:
         """Matrix of the versor action, ``M @ x == sandwich(V, x)``: ``(..., dim)`` → ``(..., dim, dim)``."""
         self._check(V, "V", "versor_matrix")
         t = self._table(V.device, V.dtype)
-        cayley = t["cayley"]
-        odd = t["involution"] < 0
-        both_odd = (odd[:, None] & odd[None, :]).unsqueeze(-1)  # (i, j, 1)
-        twisted = torch.where(both_odd, -cayley, cayley)  # (-1)^{grade i · grade j} e_i e_j
-        left = torch.einsum("...i,ijm->...mj", V, twisted)  # x ↦ V ⋆ x
-        right = torch.einsum("...l,mlk->...km", self.inverse(V), cayley)  # y ↦ y V⁻¹
+        left = torch.einsum("...i,ijm->...mj", V, t["twisted_cayley"])  # x ↦ V ⋆ x = V_even x + V_odd x̂
+        right = torch.einsum("...l,mlk->...km", self.inverse(V), t["cayley"])  # y ↦ y V⁻¹
         return right @ left
 
     def exp(self, B: Tensor) -> Tensor:
