@@ -331,3 +331,18 @@ def test_compiled_kernels_match_reference(monkeypatch):
         torch.testing.assert_close(g, g_ref, rtol=2e-4, atol=2e-4)
     assert not blockwise.MaybeCompiled.broken
     assert rt._PREPARE.compiled is not None and blockwise._BACKWARD.compiled is not None
+
+
+def test_bench_attention_entry_point(capsys):
+    from geoattn.cli import main
+
+    assert (
+        main(["bench", "attention", "--sizes", "16", "--heads", "2", "--head-dim", "8", "--repeats", "1"])
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split("|")[2].strip(): line for line in lines if line.startswith("| 16 ")}
+    assert set(rows) == {"SDPA (peer)", "rt σ_t²=0", "rt tied 2μη²", "rt general", "rt reference"}
+    assert rows["SDPA (peer)"].split("|")[5].strip() == "1.00"  # ratios are against SDPA
+    assert main(["bench", "attention", "--sizes", "16", "--head-dim", "7"]) == 2
+    assert "--head-dim must be even" in capsys.readouterr().err

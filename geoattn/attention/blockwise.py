@@ -149,7 +149,8 @@ def _tile_forward(score_fn, dot, tq, tk, qs, ks, ps, mask, run_max):
 
 
 def _tile_backward(score_fn, dot, tq, tk, qs, ks, ps, mask, lse, dp, delta):
-    """``P`` and the vector-Jacobian product of the tile's scores with ``dS = P ⊙ (dP − δ)``."""
+    """``P`` and the vector-Jacobian product of the tile's scores with ``dS = P ⊙ (dP − δ)``:
+    ``(p, d_dot, d_qs, d_ks, d_ps)``. Functional (`torch.func.vjp`), so that it compiles."""
     dt = tq - tk
     s, vjp = torch.func.vjp(lambda dot, qs, ks, ps: score_fn(dot, dt, qs, ks, ps), dot, qs, ks, ps)
     p = torch.exp(s - lse)
@@ -158,8 +159,34 @@ def _tile_backward(score_fn, dot, tq, tk, qs, ks, ps, mask, lse, dp, delta):
     return (p, *vjp(p * (dp - delta)))
 
 
+def _tile_backward_eager(score_fn, dot, tq, tk, qs, ks, ps, mask, lse, dp, delta):
+    """`_tile_backward` with plain autograd: the same result without torch.func's seconds-long
+    first-use set-up, for small problems that never compile."""
+    with torch.enable_grad():
+        leaves = [x.detach().requires_grad_() for x in (dot, *qs, *ks, *ps)]
+        n_qs, n_ks = len(qs), len(ks)
+        args = (
+            tuple(leaves[1 : 1 + n_qs]),
+            tuple(leaves[1 + n_qs : 1 + n_qs + n_ks]),
+            tuple(leaves[1 + n_qs + n_ks :]),
+        )
+        s = score_fn(leaves[0], tq - tk, *args)
+    p = torch.exp(s.detach() - lse)
+    if mask is not None:
+        p = p.masked_fill(mask, 0.0)
+    grads = torch.autograd.grad(s, leaves, p * (dp - delta), allow_unused=True)
+    grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves)]
+    return (
+        p,
+        grads[0],
+        tuple(grads[1 : 1 + n_qs]),
+        tuple(grads[1 + n_qs : 1 + n_qs + n_ks]),
+        tuple(grads[1 + n_qs + n_ks :]),
+    )
+
+
 class MaybeCompiled:
-    """A function run through `torch.compile` when asked and available, else eagerly.
+    """``fn`` run through `torch.compile` when asked and available, else ``eager`` (default ``fn``).
 
     If compilation fails (e.g. no C++ toolchain), it warns once and stays eager: the eager rerun
     raises any error that is not the compiler's.
@@ -167,8 +194,8 @@ class MaybeCompiled:
 
     broken = False
 
-    def __init__(self, fn) -> None:
-        self.fn, self.compiled = fn, None
+    def __init__(self, fn, eager=None) -> None:
+        self.fn, self.eager, self.compiled = fn, eager or fn, None
 
     def __call__(self, use_compile: bool, *args):
         if use_compile and not MaybeCompiled.broken:
@@ -179,10 +206,10 @@ class MaybeCompiled:
             except Exception as err:  # noqa: BLE001 - any compiler failure falls back to eager
                 MaybeCompiled.broken = True
                 warnings.warn(f"torch.compile failed, attention kernels run eagerly: {err}", stacklevel=2)
-        return self.fn(*args)
+        return self.eager(*args)
 
 
-_FORWARD, _BACKWARD = MaybeCompiled(_tile_forward), MaybeCompiled(_tile_backward)
+_FORWARD, _BACKWARD = MaybeCompiled(_tile_forward), MaybeCompiled(_tile_backward, _tile_backward_eager)
 
 
 class _BlockwiseAttention(torch.autograd.Function):
