@@ -346,3 +346,18 @@ def test_bench_attention_entry_point(capsys):
     assert rows["SDPA (peer)"].split("|")[5].strip() == "1.00"  # ratios are against SDPA
     assert main(["bench", "attention", "--sizes", "16", "--head-dim", "7"]) == 2
     assert "--head-dim must be even" in capsys.readouterr().err
+
+
+def test_compile_failure_falls_back_to_eager(monkeypatch):
+    def broken_compile(fn, **kwargs):
+        def run(*args):
+            raise RuntimeError("no C++ compiler")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(blockwise.MaybeCompiled, "broken", False)
+    fn = blockwise.MaybeCompiled(lambda x: x + 1)
+    with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
+        assert fn(True, 1) == 2
+    assert blockwise.MaybeCompiled.broken and fn(True, 2) == 3  # stays eager, no second warning

@@ -29,6 +29,10 @@ by name, ``"blockwise"`` and ``"flex"``:
 The two SDPA paths are exact only on their parameter manifold, so ``auto`` takes them only when
 no gradient is asked off it: ``σ_t² = 0`` needs ``sigma_t2`` not to require grad; the tied family
 needs none of ``mu_r, sigma_t2, eta_t2`` to require grad. Otherwise the general path runs.
+
+Problems with ``B·H·N² ≥ COMPILE_MIN_PAIRS`` run the per-token preparation (normalise, rotate,
+fold) and the blockwise tiles through `torch.compile` (the first call compiles, for tens of
+seconds on a CPU); smaller ones run eagerly. Half-precision inputs are computed in float32.
 """
 
 from __future__ import annotations
