@@ -14,6 +14,9 @@ from pathlib import Path
 DEFAULT_OUT = "runs/quickstart"
 MARKER = ".geoattn-quickstart"  # quickstart owns (and overwrites) only folders that carry this file
 FILTER_MODELS = ("rt", "transformer")
+FILTER_SEQ_LEN = 32
+FILTER_LR = 1e-2
+LM_LR = {"rt": 1e-2, "transformer": 3e-3}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,61 +69,70 @@ def _blades(algebra, x) -> str:
     return " ".join(terms)
 
 
-def _train(task_name: str, model: str, out: Path, device: str, **fields):
-    from geoattn.tasks import get_task
-    from geoattn.training.config import TrainConfig
-    from geoattn.training.trainer import Trainer
-
-    config = TrainConfig(task=task_name, model=model, out=str(out), device=device, **fields)
-    task = get_task(task_name, data=config.data, block_size=config.block_size, options=config.task_options)
-    trainer = Trainer(config, task, out, verbose=False)
-    result = trainer.train()
+def _train(task, model: str, out: Path, device: str, **fields):
+    """Train ``model`` on ``task`` quietly into ``out`` (with plots); returns the trainer and its result."""
     import torch
 
+    from geoattn.training.config import TrainConfig
     from geoattn.training.plots import make_plots
+    from geoattn.training.trainer import Trainer
 
+    config = TrainConfig(task=task.name, model=model, out=str(out), device=device, **fields)
+    trainer = Trainer(config, task, out, verbose=False)
+    result = trainer.train()
     x, _ = task.get_batch("val", 1, torch.Generator().manual_seed(0), trainer.device)
     make_plots(out, trainer.model, x)
-    n_params = sum(p.numel() for p in trainer.model.parameters())
-    return task, result, n_params
+    return trainer, result
 
 
 def filter_comparison(out: Path, iters: int, device: str) -> None:
-    from geoattn.bench.common import format_table
+    """rt and transformer against the reference filters, all on the same 256 validation sequences."""
+    import torch
 
-    print(f"\n2. The filter task: rt vs transformer, {iters} steps each (CPU, a minute or two)")
-    rows, task = [], None
+    from geoattn.bench.common import format_table
+    from geoattn.tasks import get_task
+
+    task = get_task("filter", block_size=FILTER_SEQ_LEN)
+    c = task.config
+    print(f"\n2. The filter task: estimate a direction drifting on the sphere in R^{c.dim} from {c.seq_len}")
+    print(f"   noisy measurements whose magnitude is their confidence; rt vs transformer, {iters} steps each")
+    pool = task.pool("val")
+    x = torch.cat((pool.z, pool.times[..., None]), dim=-1).float()  # (B, T, D + 1), as get_batch
+    y = pool.directions.float()
+    rows = []
     for model in FILTER_MODELS:
         t0 = time.perf_counter()
-        task, result, n_params = _train(
-            "filter",
+        trainer, _ = _train(
+            task,
             model,
             out / f"filter_{model}",
             device,
             max_iters=iters,
             eval_interval=iters,
-            eval_iters=4,
+            eval_iters=2,
             batch_size=16,
+            block_size=FILTER_SEQ_LEN,
             n_layer=2,
             n_head=2,
             n_embd=32,
-            lr=3e-3,
-            min_lr=3e-4,
-            warmup_iters=min(50, iters // 5),
+            lr=FILTER_LR,
+            min_lr=FILTER_LR / 10,
+            warmup_iters=min(20, iters // 5),
             weight_decay=0.0,
         )
+        trainer.model.eval()
+        with torch.no_grad():
+            prediction, _ = trainer.model(x.to(trainer.device), y.to(trainer.device))
+        error = task.metrics(prediction.float().cpu(), y)[ANGLE]
+        n_params = sum(p.numel() for p in trainer.model.parameters())
         rows.append(
-            [
-                f"{model} (learned, {n_params / 1e3:.0f} k params)",
-                result[f"val_{ANGLE}"],
-                f"{time.perf_counter() - t0:.0f} s",
-            ]
+            [f"{model} ({n_params / 1e3:.0f} k params, learned)", error, f"{time.perf_counter() - t0:.0f} s"]
         )
     t0 = time.perf_counter()
     baselines = task.baselines("val")
     wall = f"{time.perf_counter() - t0:.0f} s (all)"
     for name, value in baselines.items():
-        rows.append([BASELINE_NAMES.get(name, name), value, wall])
+        rows.append([BASELINE_NAMES.get(name, name), f"{value:.1f}", wall])
         wall = ""
     print(format_table(["estimator", "mean angular error (deg)", "wall"], rows))
 
@@ -131,19 +143,21 @@ BASELINE_NAMES = {
     "uniform": "uniform transported mean (no precision)",
     "kalman": "tangent-space Kalman filter",
     "particle": "particle filter (near-optimal)",
-    "raw": "raw measurements z/|z|",
+    "raw": "raw measurement directions",
 }
 
 
 def lm_comparison(out: Path, data: str, iters: int, device: str) -> None:
     from geoattn.bench.common import format_table
+    from geoattn.tasks import get_task
 
-    print(f"\n3. Character LM on {data}: rt vs transformer, {iters} steps each")
+    task = get_task("lm", data=data, block_size=64)
+    print(f"\n3. Character LM on {data}: rt vs transformer, {iters} steps each (2 layers x 64, context 64)")
     rows = []
     for model in FILTER_MODELS:
         t0 = time.perf_counter()
-        _, result, n_params = _train(
-            "lm",
+        trainer, result = _train(
+            task,
             model,
             out / f"lm_{model}",
             device,
@@ -156,10 +170,11 @@ def lm_comparison(out: Path, data: str, iters: int, device: str) -> None:
             n_layer=2,
             n_head=4,
             n_embd=64,
-            lr=2e-3,
-            min_lr=2e-4,
+            lr=LM_LR[model],
+            min_lr=LM_LR[model] / 10,
             warmup_iters=min(50, iters // 5),
         )
+        n_params = sum(p.numel() for p in trainer.model.parameters())
         rows.append(
             [model, f"{n_params / 1e3:.0f} k", result["val_loss"], f"{time.perf_counter() - t0:.0f} s"]
         )

@@ -361,3 +361,41 @@ def test_the_real_command_exits_2_with_one_line_and_no_traceback(tmp_path):
     )
     assert bad_flag.returncode == 2 and len(bad_flag.stderr.strip().splitlines()) == 1
     assert bad_flag.stderr.startswith("geoattn train: error: ")
+
+
+def test_quickstart_runs_and_owns_only_its_folder(tmp_path, capsys):
+    out = tmp_path / "qs"
+    code, text, _ = run(capsys, "quickstart", "--out", str(out), "--iters", "2")
+    assert code == 0
+    assert "|R a R~ - b| = " in text and float(text.split("|R a R~ - b| = ")[1].split()[0]) < 1e-12
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2].strip()
+        for line in text.splitlines()
+        if line.startswith("| ") and "---" not in line
+    }
+    for name in (
+        "closed-form RT filter, true parameters",
+        "tangent-space Kalman filter",
+        "particle filter (near-optimal)",
+        "raw measurement directions",
+    ):
+        assert 0 < float(rows[name]) < 90
+    assert any(name.startswith("rt (") for name in rows) and any(
+        name.startswith("transformer (") for name in rows
+    )
+    assert (out / "filter_rt" / "precision.png").exists() and (
+        out / "filter_transformer" / "loss.png"
+    ).exists()
+    assert str(out) in text
+    # a second run replaces its own folder; a folder with someone else's files is refused
+    (out / "filter_rt" / "stale.txt").write_text("old")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("precious")
+    assert_usage_error(
+        capsys,
+        ["quickstart", "--out", str(mine), "--iters", "1"],
+        "quickstart",
+        "was not written by quickstart",
+    )
+    assert (mine / "thesis.tex").read_text() == "precious"
