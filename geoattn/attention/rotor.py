@@ -381,14 +381,20 @@ def _pair_versors(q, k, ga, head_type, inverse):
 
 
 def _frame_rotors(q, k, ga):
-    """Blocks of ``R_ij`` taking key j's frame to query i's, composed from two ``rotor_between``."""
+    """Blocks of ``R_ij`` taking key j's frame to query i's: ``R_ij = R2 R1`` with ``R1 = rotor_between``
+    (key x → query x) and ``R2 = exp(φ/2 · y_i ∧ z_i)``, the turn about query x by the signed angle φ
+    (atan2, well-defined up to a half turn) that takes the moved key y onto the query y."""
     qx, qy = _frame_axes(q, ga)
     kx, ky = _frame_axes(k, ga)
+    qz = torch.linalg.cross(qx, qy)
 
     def block(s: int, e: int) -> Tensor:
-        r1 = ga.rotor_between(kx[:, :, None], qx[:, :, s:e, None])  # key x → query x
-        y_moved = ga.vector_part(ga.sandwich(r1, ga.vector(ky[:, :, None])))
-        r2 = ga.rotor_between(y_moved, qy[:, :, s:e, None])  # in the plane ⟂ query x
+        r1 = ga.rotor_between(kx[:, :, None], qx[:, :, s:e, None])  # (B, H, blk, N, dim)
+        y_moved = ga.vector_part(ga.sandwich(r1, ga.vector(ky[:, :, None])))  # ⟂ query x
+        y_i, z_i = qy[:, :, s:e, None], qz[:, :, s:e, None]
+        phi = torch.atan2((y_moved * z_i).sum(-1), (y_moved * y_i).sum(-1))
+        plane = ga.outer_product(ga.vector(y_i), ga.vector(z_i))  # unit bivector ⟂ query x
+        r2 = ga.exp(phi[..., None] / 2 * plane)
         return ga.geometric_product(r2, r1)
 
     return block

@@ -130,12 +130,17 @@ class GradeLayerNorm(nn.Module):
     translation-invariant; they are scaled along with their grade). A grade made only of null blades
     (PGA's e0123) has no invariant norm and is left as is (times its gain).
 
+    ``per_grade=False``: one norm over all grades (GATr's EquiLayerNorm), ``x ← g_k · x / sqrt(Σ_k ...)``.
+    Per-grade normalisation hides every grade's size from the next layer (a lone vector channel
+    becomes a unit vector), the joint one keeps the grades' relative sizes (e.g. a position against
+    the scalar channels): :class:`RotorTransformer` uses the joint form for that reason.
+
     forward ``(..., C, dim)`` → ``(..., C, dim)``.
     """
 
-    def __init__(self, algebra: CliffordAlgebra, eps: float = 1e-6):
+    def __init__(self, algebra: CliffordAlgebra, eps: float = 1e-6, per_grade: bool = True):
         super().__init__()
-        self.algebra, self.eps = algebra, eps
+        self.algebra, self.eps, self.per_grade = algebra, eps, per_grade
         grades = blade_grades(algebra)
         metric = invariant_metric(algebra)
         onehot = F.one_hot(grades, algebra.n + 1).double()  # (dim, G)
@@ -151,10 +156,12 @@ class GradeLayerNorm(nn.Module):
                 f"GradeLayerNorm: x has shape {tuple(x.shape)}, expected (..., C, {self.algebra.dim})"
             )
         onehot = self.grade_onehot.to(x.dtype)
+        gain = self.gain.to(x.dtype)
         sq = ((x * x * self.metric.to(x.dtype)).mean(-2) @ onehot).abs()  # (..., G): per-grade mean ⟨x̃x⟩₀
-        scale = torch.where(self.normable, torch.rsqrt(sq + self.eps), torch.ones_like(sq)) * self.gain.to(
-            x.dtype
-        )
+        if self.per_grade:
+            scale = torch.where(self.normable, torch.rsqrt(sq + self.eps), torch.ones_like(sq)) * gain
+        else:
+            scale = torch.rsqrt(sq.sum(-1, keepdim=True) + self.eps) * gain
         return x * (scale @ onehot.t()).unsqueeze(-2)
 
 

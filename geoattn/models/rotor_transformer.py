@@ -35,6 +35,8 @@ class RotorTransformerConfig:
         n_layer: blocks. head_types: one ``HEAD_TYPES`` entry per head (their count is the head count).
         head_channels: multivector channels per head. mlp_ratio: MLP hidden width / channels.
         inverse: key → query rotors in rotation heads.
+        norm: ``"joint"`` (one invariant norm over all grades, GATr's; keeps the grades' relative sizes,
+            e.g. |position| against the scalar channels) or ``"per_grade"`` (each grade on its own).
     """
 
     algebra: str = "cl3"
@@ -49,6 +51,7 @@ class RotorTransformerConfig:
     head_channels: int = 4
     mlp_ratio: int = 2
     inverse: bool = False
+    norm: str = "joint"
 
     def __post_init__(self) -> None:
         self.head_types = tuple(self.head_types)
@@ -71,6 +74,8 @@ class RotorTransformerConfig:
             )
         if "frame" in self.head_types and (self.algebra != "cl3" or self.head_channels < 2):
             raise ValueError("RotorTransformerConfig: 'frame' heads need algebra='cl3' and head_channels ≥ 2")
+        if self.norm not in ("joint", "per_grade"):
+            raise ValueError(f"RotorTransformerConfig.norm must be 'joint' or 'per_grade', got {self.norm!r}")
         if (self.in_scalars or self.out_scalars) and not self.scalars:
             raise ValueError(
                 "RotorTransformerConfig: scalar inputs/outputs need scalars > 0 (the scalar width)"
@@ -103,7 +108,11 @@ class RotorBlock(nn.Module):
     def __init__(self, algebra: CliffordAlgebra, config: RotorTransformerConfig):
         super().__init__()
         C, S = config.channels, config.scalars
-        self.norm1, self.norm2 = GradeLayerNorm(algebra), GradeLayerNorm(algebra)
+        per_grade = config.norm == "per_grade"
+        self.norm1, self.norm2 = (
+            GradeLayerNorm(algebra, per_grade=per_grade),
+            GradeLayerNorm(algebra, per_grade=per_grade),
+        )
         self.snorm1 = nn.LayerNorm(S) if S else None
         self.snorm2 = nn.LayerNorm(S) if S else None
         self.attn = RotorAttention(
@@ -133,7 +142,6 @@ class RotorTransformer(nn.Module):
         C, S = config.channels, config.scalars
         self.embed = EquiLinear(self.algebra, config.in_channels, C, config.in_scalars, S)
         self.blocks = nn.ModuleList(RotorBlock(self.algebra, config) for _ in range(config.n_layer))
-        self.norm = GradeLayerNorm(self.algebra)
         self.head = EquiLinear(self.algebra, C, config.out_channels, S, config.out_scalars)
 
     def forward(
@@ -161,7 +169,7 @@ class RotorTransformer(nn.Module):
         x, s = self.embed(mv, scalars if cfg.in_scalars else None)
         for block in self.blocks:
             x, s = block(x, s, mask)
-        mv_out, s_out = self.head(self.norm(x), s)
+        mv_out, s_out = self.head(x, s)  # no final norm: outputs keep magnitudes (regression targets)
         if s_out is None:
             s_out = mv_out.new_zeros(B, N, 0)
         return mv_out, s_out
