@@ -463,6 +463,7 @@ def test_compiled_kernels_match_gather_values_and_gradients(monkeypatch):
     for alg in (fast, slow):
         a_, b_ = a.clone().requires_grad_(), b.clone().requires_grad_()
         out = alg.geometric_product(a_, b_)
+        assert out.is_contiguous()  # the user's batch-major layout, not a transposed view
         out.backward(g)
         outs.append((out.detach(), a_.grad, b_.grad))
     for x, y in zip(*outs):

@@ -6,10 +6,11 @@ Two forms of the same sparse product ``c_k = Σ sign · a_i · b_j`` over the no
   batches in eager mode (few kernel launches).
 * a per-blade expression generated from the sparse table (64 multiply-adds for Cl(3)), evaluated
   component-major (``(dim, M)``: each blade a contiguous row, so every multiply-add is a vector op).
-  Large eager batches run it under ``torch.compile`` (one fused kernel whose transposes in and out
-  the compiler folds into its loads and stores: measured here as fast as kingdon, while the same
-  expression on the batch-major ``(M, dim)`` layout is ~2.4× slower); inside a caller's
-  ``torch.compile`` it is traced as-is into the caller's graph.
+  Large eager batches run it under ``torch.compile``: one fused kernel whose transposes in and out
+  the compiler folds into its loads and stores, so it reads and writes the user's batch-major
+  ``(M, dim)`` tensors (measured here, 200,000 Cl(3) products, 2 threads: 2.3 ms against kingdon's
+  3.6 ms on component-major data). Inside a caller's ``torch.compile`` it is traced as-is into
+  the caller's graph.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def make_per_blade_product(entries: Entries, dim: int, name: str) -> Callable[[T
     def product(a: Tensor, b: Tensor) -> Tensor:
         a, b = torch.broadcast_tensors(a, b)
         out = per_blade(a.reshape(-1, dim).T, b.reshape(-1, dim).T)  # (dim, M)
-        return out.T.reshape(a.shape)
+        return out.T.contiguous().view(a.shape)  # compiled: a transposing store fused into the kernel
 
     product.__name__ = product.__qualname__ = name
     return product
@@ -120,7 +121,10 @@ class CompiledBilinear(torch.autograd.Function):
     def forward(ctx, a: Tensor, b: Tensor, products: CompiledProducts, table: str) -> Tensor:
         ctx.save_for_backward(a, b)
         ctx.products, ctx.table = products, table
-        return products.compiled(table)(a, b)
+        # always (M, dim): one compiled signature whatever the rank (a broadcast operand is copied)
+        shape = torch.broadcast_shapes(a.shape, b.shape)
+        flat_a, flat_b = (x.expand(shape).reshape(-1, shape[-1]) for x in (a, b))
+        return products.compiled(table)(flat_a, flat_b).view(shape)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
