@@ -373,6 +373,11 @@ def test_float32_and_tables_per_dtype():
     close(out32.double(), alg.geometric_product(a, b).numpy(), 1e-5)
     assert alg.geometric_product(a.float(), b).dtype == torch.float64  # promotion
     assert {key[1] for key in alg._cache} >= {torch.float32, torch.float64}
+    alg4 = CliffordAlgebra(4)
+    B = alg4.grade(rand(2, 10, 16), 2)
+    R = alg4.exp(B.bfloat16())  # matrix_exp has no bfloat16 kernel: computed in float32, cast back
+    assert R.dtype == torch.bfloat16
+    close(R.double(), alg4.exp(B).numpy(), 2e-2)
 
 
 def test_compiled_equals_eager_inductor():
