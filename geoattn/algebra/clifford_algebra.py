@@ -33,8 +33,9 @@ class CliffordAlgebra:
         grades: ``(dim,)`` tuple, the grade of each blade.
         grade_indices: ``grade_indices[k]`` = blade indices of grade k.
         cayley_sparse: the nonzero entries ``(i, j, k, sign)`` of ``e_i e_j = sign · e_k``.
-        compile: run large batches (≥ ``kernels.COMPILE_MIN_ROWS`` rows) of the bilinear products
-            through ``torch.compile``d per-blade kernels (default True; set False to stay eager).
+        compile: run large batches (≥ ``kernels.COMPILE_MIN_ROWS`` rows, n ≤ 4) of the bilinear
+            products through ``torch.compile``d per-blade kernels (default True; False: eager). The
+            first large call per product compiles (seconds).
     """
 
     def __init__(self, p: int, q: int = 0, r: int = 0, *, compile: bool = True):
@@ -160,17 +161,20 @@ class CliffordAlgebra:
     def _bilinear(self, a: Tensor, b: Tensor, table: str) -> Tensor:
         """The sparse bilinear product ``table``: ``(..., dim)`` × ``(..., dim)`` → ``(..., dim)``.
 
-        Inside a caller's ``torch.compile`` the generated per-blade expression is traced into its
-        graph; large eager batches run that expression compiled; small ones use the gather form.
+        Algebras with dim ≤ ``kernels.COMPILE_MAX_DIM``: inside a caller's ``torch.compile`` the
+        generated per-blade expression is traced into its graph; large eager batches run that
+        expression compiled. Everything else uses the gather form.
         """
+        per_blade = self.dim <= kernels.COMPILE_MAX_DIM
         if torch.compiler.is_compiling():
-            return self._products.plain(table)(a, b)
-        rows = math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1]))
-        if self.compile and rows >= kernels.COMPILE_MIN_ROWS and not self._products.compile_failed:
-            try:
-                return kernels.CompiledBilinear.apply(a, b, self._products, table)
-            except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. no C++ compiler on this machine
-                self._products.disable(err)
+            if per_blade:
+                return self._products.plain(table)(a, b)
+        elif per_blade and self.compile and not self._products.compile_failed:
+            if math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])) >= kernels.COMPILE_MIN_ROWS:
+                try:
+                    return kernels.CompiledBilinear.apply(a, b, self._products, table)
+                except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. no C++ compiler here
+                    self._products.disable(err)
         t = self._table(a.device, a.dtype)
         return kernels.gather_product(a, b, t["partner"], t[table])
 

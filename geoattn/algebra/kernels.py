@@ -26,6 +26,10 @@ Entries = Sequence[tuple[int, int, int, int]]  # (i, j, k, sign): e_i ∘ e_j = 
 # Below this many rows the compiled kernel's call overhead outweighs its speed (and small calls,
 # e.g. in other modules' unit tests, should never wait for a compilation).
 COMPILE_MIN_ROWS = 32768
+# Above this many blades (n ≥ 5: 1024+ terms per product, three kernels with the backward) the
+# compilation itself takes minutes; such algebras stay on the gather form unless the caller
+# compiles their own model (which traces the per-blade expression).
+COMPILE_MAX_DIM = 16
 
 
 def gather_product(a: Tensor, b: Tensor, partner: Tensor, signs: Tensor) -> Tensor:
@@ -88,8 +92,9 @@ class CompiledProducts:
         self._plain: dict[str, Callable] = {}
         self._compiled: dict[str, Callable] = {}
         self.compile_failed = False
-        for name in tables:  # eagerly: torch.compile cannot trace the code generation
-            self.plain(name)
+        if dim <= COMPILE_MAX_DIM:  # eagerly: torch.compile cannot trace the code generation
+            for name in tables:
+                self.plain(name)
 
     def plain(self, table: str) -> Callable[[Tensor, Tensor], Tensor]:
         if table not in self._plain:
