@@ -174,6 +174,13 @@ def _train(args: argparse.Namespace, env) -> int:
         )
     device = distributed.init(env, config.device)
     trainer = Trainer(config, task, out, env=env, device=device)
+    if env.is_main:
+        n_params = sum(p.numel() for p in trainer.model.parameters())
+        print(
+            f"{config.model} on {config.task}: {n_params / 1e6:.3f} M parameters, {config.max_iters} iters, "
+            f"batch {config.batch_size} on {env.world_size} x {device}, out {out}",
+            file=sys.stderr,
+        )
     if args.resume:
         trainer.resume()
         if env.is_main:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -198,9 +199,9 @@ class Trainer:
         random.setstate(rng["python"])
         _set_numpy_state(rng["numpy"])
 
-    def save(self, rng: dict[str, Any] | None = None) -> None:
+    def save(self) -> None:
         """Checkpoint at ``self.iter`` (rank 0 writes; every rank waits for it)."""
-        rngs = self._gather(rng or self._rng_state())
+        rngs = self._gather(self._rng_state())
         if self.env.is_main:
             state = {
                 "iter": self.iter,
@@ -215,8 +216,6 @@ class Trainer:
         """Every rank's RNG states (dropout differs per rank), in rank order."""
         if not self.env.enabled:
             return [rng]
-        import torch.distributed as dist
-
         states: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(states, rng)
         return states
@@ -295,7 +294,6 @@ class Trainer:
             disable=not (self.verbose and sys.stderr.isatty()),
             dynamic_ncols=True,
         )
-        last_eval: dict[str, Any] = {}
         start = time.perf_counter()
         interrupted = False
         try:
@@ -312,18 +310,19 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     interrupted = True
                     break
-                if self.iter % config.eval_interval == 0 or self.iter == config.max_iters:
-                    last_eval = self.evaluate()
-                    record.update(last_eval)
+                evaluated = self.iter % config.eval_interval == 0 or self.iter == config.max_iters
+                if evaluated:
+                    record.update(self.evaluate())
+                # the line goes out before the checkpoint: a resume drops lines past its checkpoint
+                if metrics is not None and (self.iter % config.log_interval == 0 or evaluated):
+                    metrics.write(json.dumps(record) + "\n")
+                    metrics.flush()
+                if evaluated:
                     self.save()
                     if self.verbose:
                         bar.write(self._eval_line(record), file=sys.stderr)
-                if metrics is not None and (self.iter % config.log_interval == 0 or "val_loss" in last_eval):
-                    metrics.write(json.dumps(record) + "\n")
-                    metrics.flush()
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['train_loss']:.4f}", refresh=False)
-                last_eval = {}
                 if any_rank(self.stop_requested, self.env, self.device):
                     interrupted = True
                     break
