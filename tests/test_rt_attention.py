@@ -361,3 +361,17 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
     with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
         assert fn(True, 1) == 2
     assert blockwise.MaybeCompiled.broken and fn(True, 2) == 3  # stays eager, no second warning
+
+
+def test_auto_falls_back_to_blockwise_when_flex_fails(monkeypatch):
+    """``auto`` picks FlexAttention on CUDA; if it cannot run, the blockwise kernel answers."""
+    monkeypatch.setattr(rt, "_choose_path", lambda *args: "flex")
+    monkeypatch.setattr(rt, "_compiled_flex", lambda flex: flex)
+    q, k, v, omega, positions = _inputs(n=9)
+    params = {name: p.requires_grad_() for name, p in _params("general").items()}
+    kwargs = dict(**params, omega=omega, positions=positions)
+    with pytest.warns(UserWarning, match="FlexAttention failed"):  # no FlexAttention backward on CPU
+        out = rt_attention(q.requires_grad_(), k, v, **kwargs)
+    torch.testing.assert_close(out, rt_attention(q, k, v, backend="reference", **kwargs), rtol=0, atol=1e-12)
+    with pytest.raises(NotImplementedError):  # asked for by name, its errors are the caller's
+        rt_attention(q, k, v, backend="flex", **kwargs)

@@ -33,8 +33,8 @@ ScoreFn = Callable[[Tensor, Tensor, tuple[Tensor, ...], tuple[Tensor, ...], tupl
 
 # Elements per (B·H)-batched score tile: large enough that the matmuls run at full speed, small
 # enough that the score function's intermediates stay in cache and the backward's graph stays small.
-_TILE_ELEMENTS = 1 << 20
-_MAX_BLOCK_K = 1024
+_TILE_ELEMENTS = 1 << 19
+_MAX_BLOCK_K = 512
 _MIN_BLOCK_Q = 16
 # Problems with at least this many (B·H·N²) score entries compile their tile functions by default.
 COMPILE_MIN_PAIRS = 1 << 22

@@ -23,8 +23,8 @@ by name, ``"blockwise"`` and ``"flex"``:
   ``κ_ij = s_i a_j`` with ``s_i = e^{−2μ_r (t_i − t₀)}`` and ``a_j = m_j² e^{2μ_r (t_j − t₀)}/η_t²``;
   SDPA again, queries split into chunks whose time span keeps ``e^{2 μ_r (t − t₀)}`` bounded
   (``t₀``: the chunk's first query time; ``log s_i`` is constant per query and cancels);
-* otherwise: FlexAttention with a ``score_mod`` on CUDA, and on other devices the blockwise
-  flash-style kernel of `geoattn.attention.blockwise`.
+* otherwise: FlexAttention with a ``score_mod`` on CUDA (the blockwise kernel if it fails), and
+  on other devices the blockwise flash-style kernel of `geoattn.attention.blockwise`.
 
 The two SDPA paths are exact only on their parameter manifold, so ``auto`` takes them only when
 no gradient is asked off it: ``σ_t² = 0`` needs ``sigma_t2`` not to require grad; the tied family
@@ -38,6 +38,7 @@ seconds on a CPU); smaller ones run eagerly. Half-precision inputs are computed 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -114,7 +115,14 @@ def rt_attention(
             out = _sdpa(*folded, d, is_causal=causal)
         else:
             qh, kh, vh, log_m2 = _PREPARE(use_compile, q, k, v, angles, normalize_values)
-            out = _PATHS[path](qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile)
+            args = (qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile)
+            try:
+                out = _PATHS[path](*args)
+            except Exception as err:  # noqa: BLE001 - only auto's choice of FlexAttention falls back
+                if not (backend == "auto" and path == "flex"):
+                    raise
+                warnings.warn(f"FlexAttention failed ({err}); using the blockwise kernel", stacklevel=2)
+                out = _blockwise(*args)
     if angles is not None:
         out = _FINISH(use_compile, out, angles)
     out = out.to(dtype)
