@@ -67,7 +67,9 @@ def random_versor(alg: CliffordAlgebra, seed: int, k: int, batch: int = 4) -> to
 
 
 def close(x: torch.Tensor, ref, tol: float = TOL) -> None:
-    ref = torch.as_tensor(np.array(ref), dtype=x.dtype)
+    if not isinstance(ref, torch.Tensor):
+        ref = torch.as_tensor(np.array(ref))
+    ref = ref.detach().to(x.dtype)
     err = (x.detach() - ref).abs().max().item()
     assert err <= tol, f"max abs error {err:.3g} > {tol:g}"
 

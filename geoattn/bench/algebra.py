@@ -1,6 +1,7 @@
 """Batched geometric product (float32, Cl(3,0) and Cl(3,0,1)): geoattn vs kingdon, torch-ga, dense einsum.
 
-One run, medians over ``--repeats``, ratios to geoattn measured in the same run. Each peer gets its
+One run, medians over ``--repeats`` interleaved rounds (each round times every implementation
+once, so changes in machine load hit all alike), ratios to geoattn. Each peer gets its
 fastest honest form: geoattn takes the batch-major ``(N, dim)`` tensors users hold; kingdon gets
 component-major ``(dim, N)`` torch tensors prepared outside the timing (its code-generated product
 works blade by blade) and returns its list of blade rows; torch-ga's ``geom_prod`` and the dense
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import statistics
 import sys
 import types
 from collections.abc import Callable
@@ -142,16 +144,27 @@ def measure(sig: tuple[int, int, int], n: int, repeats: int, seed: int) -> tuple
     gen = torch.Generator().manual_seed(seed)
     a, b, g = (torch.randn(n, alg.dim, generator=gen) for _ in range(3))
     peers = [make(alg, a, b, g) for make in PEERS]
-    times = {}
     for peer in peers:
         if peer.forward_backward:
             try:
                 peer.forward_backward()
             except (RuntimeError, TypeError) as err:  # e.g. an op without a derivative
                 peer.forward_backward, peer.no_backward = None, f"no backward ({type(err).__name__})"
-        for kind in ("forward", "forward_backward"):
-            fn = getattr(peer, kind)
-            times[peer.name, kind] = median_time(fn, repeats=repeats) if fn else None
+    calls = {
+        (peer.name, kind): getattr(peer, kind)
+        for peer in peers
+        for kind in ("forward", "forward_backward")
+        if getattr(peer, kind)
+    }
+    for fn in calls.values():  # warm-up (and geoattn's one-time kernel compilation)
+        median_time(fn, repeats=1, warmup=1)
+    # interleaved rounds: a change in machine load hits every implementation alike
+    samples: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
+    for _ in range(repeats):
+        for key, fn in calls.items():
+            samples[key].append(median_time(fn, repeats=1, warmup=0))
+    times = {(peer.name, kind): None for peer in peers for kind in ("forward", "forward_backward")}
+    times.update({key: statistics.median(values) for key, values in samples.items()})
     reference = peers[0].result()
     agreement = []
     for peer in peers[1:]:
