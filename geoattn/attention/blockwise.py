@@ -7,8 +7,10 @@ an N×N tensor: queries are processed in blocks, keys in chunks with a running m
 log-sum-exp, key chunks above the causal diagonal are skipped, and the backward pass recomputes
 each tile from the O(N) statistics saved by the forward (FlashAttention-2 style,
 ``dS = P ⊙ (dP − rowsum(dO ⊙ O))``), then differentiates the score function of that tile with
-autograd. RT-Filter attention (`geoattn.attention.rt`) and the isotropic RFA baseline both plug
-their score function into it.
+autograd. Large problems run the per-tile elementwise work through `torch.compile` (see
+`COMPILE_MIN_PAIRS`); the matmuls stay in BLAS. RT-Filter attention (`geoattn.attention.rt`) plugs
+its score function into it, and so can the isotropic RFA baseline (its score
+``−precision(Δt)·|q − e^{−μΔt} R k|²`` expands into ``dot``, ``Δt``, per-query and per-key norms).
 """
 
 from __future__ import annotations
