@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data", default=None, help="a UTF-8 text file: also compare rt and transformer as char LMs"
     )
-    parser.add_argument("--iters", type=int, default=200, help="training steps per model on the filter task")
+    parser.add_argument("--iters", type=int, default=400, help="training steps per model on the filter task")
     parser.add_argument("--lm-iters", type=int, default=300, help="training steps per model with --data")
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
 

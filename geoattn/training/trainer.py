@@ -323,7 +323,7 @@ class Trainer:
                         bar.write(self._eval_line(record), file=sys.stderr)
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['train_loss']:.4f}", refresh=False)
-                if any_rank(self.stop_requested, self.env, self.device):
+                if self.iter < config.max_iters and any_rank(self.stop_requested, self.env, self.device):
                     interrupted = True
                     break
         finally:
