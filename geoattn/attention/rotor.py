@@ -63,7 +63,9 @@ BACKENDS = ("auto", "reference")
 
 NORM_EPS = 1e-12  # lower bound of |Σ_c vector part| when normalising directions
 _AUTO_CHUNK_ELEMENTS = 1 << 22  # B·H·chunk·N logits per query chunk (16 MiB in float32)
-_REFERENCE_CHUNK_ELEMENTS = 1 << 21  # B·H·chunk·N·Cv·dim pairwise sandwiches per reference block
+# rows (B·H·pairs·channels) per engine call in the reference: bounds its memory and keeps the engine on
+# its eager kernels, so the oracle never waits for (or depends on) torch.compile
+_REFERENCE_ROWS = 1 << 14
 
 
 def rotor_attention(
@@ -244,25 +246,28 @@ def _bilinear_table(p: int, q: int, r: int, head_type: str, inverse: bool) -> Te
 
 
 @functools.cache
-def _reduced_table(
-    p: int, q: int, r: int, head_type: str, inverse: bool
-) -> tuple[Tensor, list[int], list[int]]:
+def _reduced_table(p: int, q: int, r: int, head_type: str, inverse: bool) -> tuple[Tensor, Tensor]:
     """The factorised form with the constant 1/2 of :func:`pair_scale` folded in, minus redundant features.
 
     The scalar and the pseudoscalar blade e_A commute with every even versor, so ``R e_A R̃ = R R̃ e_A
     = 2(1 + ⟨a, b⟩) e_A``; likewise ``n ê_A n = λ_A 2(1 − ⟨a, b⟩) e_A`` (λ = 1 scalar, −1 pseudoscalar).
     They only need the key features ``[1, b] ⊗ v_A`` (``2(1 + n)`` instead of ``2P``): 68 features per
-    value channel in Cl(3) instead of 80.
+    value channel in Cl(3) instead of 80. Feature f is a pair (key monomial p, blade A): first every
+    ``(p, A)`` with A active (not scalar/pseudoscalar), p-major, then ``(p ≤ n, A)`` for A passive.
 
-    Returns ``(M, active, passive)``: ``M (P, F · dim)`` maps the query monomials ψ(a) to the
-    ``(F, dim)`` matrix applied to a query's aggregated features, ``F = P·|active| + (1 + n)·|passive|``
-    in the layout of :func:`_key_features`; ``active``/``passive``: blade indices.
+    Returns ``(M, E)``: ``M (P, F · dim)`` maps the query monomials ψ(a) to the ``(F, dim)`` matrix
+    applied to a query's aggregated features; ``E (P, dim · F)`` maps the key monomials φ(b) to the
+    ``(dim, F)`` matrix that turns a value channel into its features (``v @ (φ(b) @ E)``).
     """
     full = _bilinear_table(p, q, r, head_type, inverse)
     P, dim = full.shape[0], full.shape[-1]
     n = p + q + r
     passive = [0, dim - 1]
     active = [i for i in range(dim) if i not in passive]
+    features = [(k, A) for k in range(P) for A in active] + [(k, A) for k in range(1 + n) for A in passive]
+    E = torch.zeros(P, dim, len(features), dtype=torch.float64)
+    for f, (k, A) in enumerate(features):
+        E[k, A, f] = 1.0
     M = 0.5 * full[:, :, active]  # (P, P, |active|, dim)
     sign = 1.0 if head_type == "rotation" else -1.0  # 1 ± ⟨a, b⟩ = 1 ± Σ_k e_k² a_k b_k
     metric = _base_tables(p, q, r)["metric"]
@@ -273,22 +278,21 @@ def _reduced_table(
         for k in range(n):
             passive_part[1 + k, 1 + k, j, blade] = sign * lam * metric[k]
     M = torch.cat([M.flatten(1, 2), passive_part.flatten(1, 2)], dim=1)  # (P, F, dim)
-    return M.flatten(1), active, passive
-
-
-def _key_features(v: Tensor, phi: Tensor, n: int, active: list[int], passive: list[int]) -> Tensor:
-    """Per-key features ``[φ(b) ⊗ v_active, [1, b] ⊗ v_passive]`` per channel.
-
-    v ``(..., Cv, dim)``, φ ``(..., P)`` → ``(..., Cv · F)``, laid out (Cv, F) so that a query's aggregate
-    is a ``(Cv, F)`` matrix.
-    """
-    act = v[..., None, active] * phi[..., None, :, None]  # (..., Cv, P, |active|)
-    pas = v[..., None, passive] * phi[..., None, : 1 + n, None]  # (..., Cv, 1 + n, |passive|)
-    return torch.cat([act.flatten(-2), pas.flatten(-2)], -1).flatten(-2)
+    return M.flatten(1), E.flatten(1)
 
 
 def _tables(algebra: CliffordAlgebra, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
-    return {k: v.to(device, dtype) for k, v in _base_tables(algebra.p, algebra.q, algebra.r).items()}
+    return _tables_on(algebra.p, algebra.q, algebra.r, device, dtype)
+
+
+@functools.cache
+def _tables_on(p: int, q: int, r: int, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
+    return {k: v.to(device, dtype) for k, v in _base_tables(p, q, r).items()}
+
+
+@functools.cache
+def _reduced_table_on(p, q, r, head_type, inverse, device, dtype) -> tuple[Tensor, Tensor]:
+    return tuple(t.to(device, dtype) for t in _reduced_table(p, q, r, head_type, inverse))
 
 
 def directions(x: Tensor, algebra: CliffordAlgebra) -> Tensor:
@@ -328,37 +332,54 @@ def _logit_queries(q: Tensor, algebra: CliffordAlgebra) -> Tensor:
 
 # ------------------------------------------------------------------------------------ reference
 def _reference(q, k, v, algebra, head_type, causal, inverse, key_mask) -> Tensor:
-    """Naive pairwise oracle: explicit α (B, H, N, N) and one versor per pair, built with the engine."""
+    """Naive pairwise oracle: explicit α (B, H, N, N) and one versor per pair, built with the engine.
+
+    Pairs are processed in (query block × key block) tiles of at most ``_REFERENCE_ROWS`` rows.
+    """
     B, H, N, C, dim = q.shape
     Cv = v.shape[3]
     ga = algebra
-    # query blocks only bound the memory of the (B, H, block, N, Cv | C, dim) pairwise products
-    block = max(1, _REFERENCE_CHUNK_ELEMENTS // (B * H * N * max(C, Cv) * dim))
-    logits = torch.cat(
-        [
-            ga.scalar_product(ga.reverse(q[:, :, s : s + block, None]), k[:, :, None]).sum(-1)
-            for s in range(0, N, block)
-        ],
-        dim=2,
-    ) / math.sqrt(C * dim)
+    qb, kb = _tiles(N, B * H * max(C, Cv))
+    rows = []
+    for s in range(0, N, qb):
+        qs = ga.reverse(q[:, :, s : s + qb, None])
+        tiles = [ga.scalar_product(qs, k[:, :, None, t : t + kb]).sum(-1) for t in range(0, N, kb)]
+        rows.append(torch.cat(tiles, dim=-1))
+    logits = torch.cat(rows, dim=2) / math.sqrt(C * dim)
     logits = logits.masked_fill(~_allowed(N, N, 0, causal, key_mask, q.device), float("-inf"))
     alpha = torch.softmax(logits, dim=-1)  # (B, H, N, N)
     if head_type == "projection":
         b = ga.vector(directions(k, ga))[:, :, :, None]  # (B, H, N, 1, dim)
-        moved = ga.geometric_product(ga.left_contraction(v, b), ga.inverse(b))
+        step = max(1, _REFERENCE_ROWS // (B * H * Cv))
+        moved = torch.cat(
+            [
+                ga.geometric_product(ga.left_contraction(v[:, :, t : t + step], b[:, :, t : t + step]),
+                                     ga.inverse(b[:, :, t : t + step]))
+                for t in range(0, N, step)
+            ],
+            dim=2,
+        )  # fmt: skip
         return torch.einsum("bhij,bhjcd->bhicd", alpha, moved)
-    if head_type == "frame":
-        versors = _frame_rotors(q, k, ga)
-    else:
-        versors = _pair_versors(q, k, ga, head_type, inverse)
+    versors = _frame_rotors(q, k, ga) if head_type == "frame" else _pair_versors(q, k, ga, head_type, inverse)
     values = ga.grade_involution(v) if head_type == "reflection" else v
+    qb, kb = _tiles(N, B * H * Cv)
     outs = []
-    for s in range(0, N, block):
-        Rv = versors(s, min(s + block, N))[..., None, :]  # (B, H, blk, N, 1, dim)
-        right = Rv if head_type == "reflection" else ga.reverse(Rv)
-        moved = ga.geometric_product(ga.geometric_product(Rv, values[:, :, None]), right)
-        outs.append(torch.einsum("bhij,bhijcd->bhicd", alpha[:, :, s : s + block], moved))
+    for s in range(0, N, qb):
+        acc = 0
+        for t in range(0, N, kb):
+            Rv = versors(s, s + qb, t, t + kb)[..., None, :]  # (B, H, qb, kb, 1, dim)
+            right = Rv if head_type == "reflection" else ga.reverse(Rv)
+            moved = ga.geometric_product(ga.geometric_product(Rv, values[:, :, None, t : t + kb]), right)
+            acc = acc + torch.einsum("bhij,bhijcd->bhicd", alpha[:, :, s : s + qb, t : t + kb], moved)
+        outs.append(acc)
     return torch.cat(outs, dim=2)
+
+
+def _tiles(N: int, rows_per_pair: int) -> tuple[int, int]:
+    """Query and key block sizes with ``qb · kb · rows_per_pair ≤ _REFERENCE_ROWS`` (at least 1 × 1)."""
+    pairs = max(1, _REFERENCE_ROWS // rows_per_pair)
+    kb = min(N, pairs)
+    return max(1, pairs // kb), kb
 
 
 def _pair_versors(q, k, ga, head_type, inverse):
@@ -367,11 +388,11 @@ def _pair_versors(q, k, ga, head_type, inverse):
     one = torch.zeros(ga.dim, dtype=q.dtype, device=q.device)
     one[0] = 1
 
-    def block(s: int, e: int) -> Tensor:
-        A, Bv = ga.vector(a[:, :, s:e, None]), ga.vector(b[:, :, None])  # (B, H, blk, 1|N, dim)
-        scale = pair_scale(
-            (a[:, :, s:e, None] * b[:, :, None] * _tables(ga, q.device, q.dtype)["metric"]).sum(-1), head_type
-        ).sqrt()[..., None]
+    def block(s: int, e: int, t: int, u: int) -> Tensor:
+        a_, b_ = a[:, :, s:e, None], b[:, :, None, t:u]
+        A, Bv = ga.vector(a_), ga.vector(b_)  # (B, H, qb, 1, dim), (B, H, 1, kb, dim)
+        metric = _tables(ga, q.device, q.dtype)["metric"]
+        scale = pair_scale((a_ * b_ * metric).sum(-1), head_type).sqrt()[..., None]
         if head_type == "reflection":
             return (A - Bv) * scale
         prod = ga.geometric_product(A, Bv) if inverse else ga.geometric_product(Bv, A)
@@ -388,9 +409,9 @@ def _frame_rotors(q, k, ga):
     kx, ky = _frame_axes(k, ga)
     qz = torch.linalg.cross(qx, qy)
 
-    def block(s: int, e: int) -> Tensor:
-        r1 = ga.rotor_between(kx[:, :, None], qx[:, :, s:e, None])  # (B, H, blk, N, dim)
-        y_moved = ga.vector_part(ga.sandwich(r1, ga.vector(ky[:, :, None])))  # ⟂ query x
+    def block(s: int, e: int, t: int, u: int) -> Tensor:
+        r1 = ga.rotor_between(kx[:, :, None, t:u], qx[:, :, s:e, None])  # (B, H, qb, kb, dim)
+        y_moved = ga.vector_part(ga.sandwich(r1, ga.vector(ky[:, :, None, t:u])))  # ⟂ query x
         y_i, z_i = qy[:, :, s:e, None], qz[:, :, s:e, None]
         phi = torch.atan2((y_moved * z_i).sum(-1), (y_moved * y_i).sum(-1))
         plane = ga.outer_product(ga.vector(y_i), ga.vector(z_i))  # unit bivector ⟂ query x
@@ -414,10 +435,9 @@ def _allowed(nq: int, nk: int, start: int, causal: bool, key_mask: Tensor | None
 # ---------------------------------------------------------------------------- fast: rotation, reflection
 def _factorised(q, k, v, algebra, head_type, causal, inverse, key_mask, chunk_size) -> Tensor:
     B, H, N, C, dim = q.shape
-    Cv, n = v.shape[3], algebra.n
-    M, active, passive = _reduced_table(algebra.p, algebra.q, algebra.r, head_type, inverse)
-    M = M.to(q.device, q.dtype)  # (P, F·dim)
-    Fd = M.shape[1] // dim
+    Cv = v.shape[3]
+    M, E = _reduced_table_on(algebra.p, algebra.q, algebra.r, head_type, inverse, q.device, q.dtype)
+    Fd = M.shape[1] // dim  # F features per value channel (68 in Cl(3))
     qs, kf = _logit_queries(q, algebra), k.flatten(-2)  # (B, H, N, C·dim)
     a, b = directions(q, algebra), directions(k, algebra)  # (B, H, N, n)
     metric = _tables(algebra, q.device, q.dtype)["metric"]
@@ -426,7 +446,7 @@ def _factorised(q, k, v, algebra, head_type, causal, inverse, key_mask, chunk_si
     a1 = torch.cat([torch.ones_like(a[..., :1]), sign * metric * a], -1)  # (B, H, N, 1 + n)
     b1 = torch.cat([torch.ones_like(b[..., :1]), b], -1).transpose(-1, -2)  # (B, H, 1 + n, N)
     psi = monomials(a)  # (B, H, N, P)
-    feats = _key_features(v, monomials(b), n, active, passive)  # (B, H, N, Cv·F)
+    feats = (v @ (monomials(b) @ E).view(B, H, N, dim, Fd)).flatten(-2)  # (B, H, N, Cv·F), channel-major
     kt = kf.transpose(-1, -2)  # (B, H, C·dim, N)
     guard = guard_eps(q.dtype)
     chunk = chunk_size or max(16, _AUTO_CHUNK_ELEMENTS // max(1, B * H * N))
@@ -451,7 +471,7 @@ def _factorised(q, k, v, algebra, head_type, causal, inverse, key_mask, chunk_si
     for s in starts:
         args = (s, qs[:, :, s : s + chunk], a1[:, :, s : s + chunk], psi[:, :, s : s + chunk], kt, b1, feats)
         outs.append(checkpoint(block, *args, use_reentrant=False) if recompute else block(*args))
-    return torch.cat(outs, dim=2)
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
 # ---------------------------------------------------------------------------- fast: projection, frame
