@@ -48,9 +48,19 @@ def make_pair(sig) -> Pair:
     return Pair(CliffordAlgebra(*sig), layout, dense(layout.gmt), dense(layout.omt), dense(layout.lcmt))
 
 
+_PAIRS: dict = {}
+
+
+def make_pair_cached(sig) -> Pair:
+    """One Pair per signature for the whole module (hypothesis tests cannot take function fixtures)."""
+    if sig not in _PAIRS:
+        _PAIRS[sig] = make_pair(sig)
+    return _PAIRS[sig]
+
+
 @pytest.fixture(scope="module", params=SIGNATURES, ids=lambda s: f"Cl{s}")
 def pair(request) -> Pair:
-    return make_pair(request.param)
+    return make_pair_cached(request.param)
 
 
 def rand(seed: int, *shape: int) -> torch.Tensor:
@@ -162,7 +172,7 @@ def test_versor_inverse_sandwich_and_matrix(pair: Pair, seed: int, k: int):
 
 
 def test_inverse_matches_clifford_inv():
-    pair = make_pair((3, 0, 0))
+    pair = make_pair_cached((3, 0, 0))
     V = random_versor(pair.alg, 3, 3, batch=1)[0]
     close(pair.alg.inverse(V), pair.mv(V).inv().value)
 
@@ -308,15 +318,6 @@ def test_rotor_between_matches_formula_and_maps_a_to_b(seed):
         close(R, ref, 1e-11)
         close(alg.sandwich(R, alg.vector(ah)), alg.vector(bh).numpy())
         close(alg.geometric_product(R, alg.reverse(R)), np.broadcast_to(np.eye(alg.dim)[0], R.shape))
-
-
-_PAIRS: dict = {}
-
-
-def make_pair_cached(sig) -> Pair:
-    if sig not in _PAIRS:
-        _PAIRS[sig] = make_pair(sig)
-    return _PAIRS[sig]
 
 
 @pytest.mark.parametrize("gap", [0.0, 1e-20, 1e-12, 1e-9, 1e-6, 1e-3])
