@@ -176,7 +176,12 @@ def lm_comparison(out: Path, data: str, iters: int, device: str) -> None:
         )
         n_params = sum(p.numel() for p in trainer.model.parameters())
         rows.append(
-            [model, f"{n_params / 1e3:.0f} k", result["val_loss"], f"{time.perf_counter() - t0:.0f} s"]
+            [
+                model,
+                f"{n_params / 1e3:.0f} k",
+                f"{result['val_loss']:.3f}",
+                f"{time.perf_counter() - t0:.0f} s",
+            ]
         )
     print(format_table(["model", "params", "val loss (nats/char)", "wall"], rows))
 
@@ -189,10 +194,10 @@ def run(args: argparse.Namespace) -> int:
     filter_comparison(out, args.iters, args.device)
     if args.data:
         lm_comparison(out, args.data, args.lm_iters, args.device)
-    print(
-        f"\nPlots (loss.png, attention.png, precision.png) and metrics.jsonl in {out}/*/ ;"
-        f" done in {time.perf_counter() - start:.0f} s."
-    )
+    wall = time.perf_counter() - start
+    print(f"\nDone in {wall:.0f} s. Plots (loss, attention map; rt: learned precision) and metrics.jsonl:")
+    for run_dir in sorted(p for p in out.iterdir() if p.is_dir()):
+        print(f"   {run_dir}/: {' '.join(sorted(f.name for f in run_dir.glob('*.png')))}")
     print("Next: geoattn train --help  (e.g. --task lm --model rt --data tinyshakespeare --out runs/rt)")
     sys.stdout.flush()
     return 0
