@@ -18,7 +18,8 @@ Head types, ``o_i = Σ_j α_ij T_ij(v_j)``:
   component of the vector part along b; higher grades contract to 0). It does not involve a.
 * ``frame`` (our extension, SPEC §2.4; Cl(3) only, C ≥ 2): each token carries the orthonormal frame
   ``x = normalize(vec c0)``, ``y = normalize(vec c1 − ⟨vec c1, x⟩ x)``, ``z = x × y``; ``T = R v R̃`` with
-  R the rotor taking the key's frame to the query's. SO(3)-equivariant, not O(3): z is a pseudovector.
+  R the rotor taking the key's frame to the query's. O(3)-equivariant, not only SO(3) as SPEC §2.4
+  expected: a reflection g flips z in *both* frames, so ``F_i F̃_j`` is conjugated by g (tested).
 
 Antiparallel guard (both backends, one helper :func:`pair_scale`): the rotor's normaliser
 ``1 / (2(1 + ⟨a, b⟩))`` uses ``max(1 + ⟨a, b⟩, g)`` (reflection: ``max(1 − ⟨a, b⟩, g)``),
@@ -28,18 +29,20 @@ limit of the guarded expression), with finite values and gradients; within the g
 (angle within ~sqrt(2g) of π) the pair's contribution fades to 0 smoothly. The same holds for
 ``a = b`` in the reflection head. A zero vector part gives the direction 0 (rotation: ``R = 1/√2``).
 
-Backends:
-
 Precision: the factorised sum's rounding error on a pair is ~ eps / (1 ± ⟨a, b⟩) of its value (terms
 of size 1 cancel to a result of size 1 ± ⟨a, b⟩ before the division), hence the guard g = sqrt(eps).
+Near-antiparallel pairs are ill-conditioned in any form (the rotor's plane is barely defined there).
+
+Backends:
 
 * ``reference``: the naive pairwise form, the oracle: N×N rotors / normals built with the algebra
-  engine's geometric products, each value sandwiched (query blocks only bound the memory).
+  engine's geometric products, each value sandwiched (pair tiles only bound the memory).
 * ``auto``: exact factorised forms. Rotation and reflection (SPEC §2.3): the sandwich is a polynomial
   of degree ≤ 2 in a and in b, so ``o_i = Σ_{p,q} ψ_q(a_i) (Σ_j W_ij φ_p(b_j) ⊗ v_j) M_qp`` with monomials
   ``φ(b) = [1, b_l, b_l b_m (l ≤ m)]`` (symmetric storage: 1 + 3 + 6 = 10 in 3D, so 80 features per
-  value channel), ``W_ij = α_ij · pair_scale(⟨a_i, b_j⟩)`` and a constant table M built from the
-  Cayley table. Per query chunk: one GEMM for the logits, one for ``⟨a_i, b_j⟩``, a softmax, the
+  value channel, 68 after dropping those the scalar and pseudoscalar never need, see
+  :func:`_reduced_table`), ``W_ij = α_ij · pair_scale(⟨a_i, b_j⟩)`` and a constant table M built from
+  the Cayley table. Per query chunk: one GEMM for the logits, one for ``⟨a_i, b_j⟩``, a softmax, the
   weight GEMM ``W @ features``, then a small per-query contraction. Memory O(chunk · N) per (B, H); with
   gradients and several chunks, each chunk is recomputed in the backward (activation checkpointing),
   so training memory is O(N) too. Projection and frame factorise completely into per-key transforms
@@ -64,8 +67,8 @@ BACKENDS = ("auto", "reference")
 NORM_EPS = 1e-12  # lower bound of |Σ_c vector part| when normalising directions
 _AUTO_CHUNK_ELEMENTS = 1 << 22  # B·H·chunk·N logits per query chunk (16 MiB in float32)
 # rows (B·H·pairs·channels) per engine call in the reference: bounds its memory and keeps the engine on
-# its eager kernels, so the oracle never waits for (or depends on) torch.compile
-_REFERENCE_ROWS = 1 << 14
+# its eager kernels (it compiles from 32768 rows), so the oracle never waits for torch.compile
+_REFERENCE_ROWS = (1 << 15) - 1
 
 
 def rotor_attention(

@@ -52,9 +52,9 @@ def _kernel(ga: CliffordAlgebra, head: str, backend: str):
     return lambda q, k, v: rotor_attention(q, k, v, algebra=ga, head_type=head, backend=backend)
 
 
-def _measure(fn, inputs, backward: bool, repeats: int) -> tuple[float, float]:
+def _measure(fn, inputs, backward: bool, repeats: int, warmup: int = 1) -> tuple[float, float]:
     step = _step(fn, inputs, backward)
-    seconds = median_time(step, repeats=repeats, warmup=1)
+    seconds = median_time(step, repeats=repeats, warmup=warmup)
     peak = peak_memory_bytes(step, inputs[0].device)
     return seconds, peak / 2**20
 
@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
                 auto_s, auto_mb = _measure(_kernel(ga, head, "auto"), [q, k, v], backward, args.repeats)
                 if n <= REFERENCE_MAX_N[mode]:
                     ref = _kernel(ga, head, "reference")
-                    ref_s, ref_mb = _measure(ref, [q, k, v], backward, min(args.repeats, 3))
+                    # seconds per call, nothing to warm up: at most two timed runs
+                    ref_s, ref_mb = _measure(ref, [q, k, v], backward, min(args.repeats, 2), warmup=0)
                     ref_cells = [ms(ref_s), f"{ref_s / auto_s:.1f}", f"{ref_mb:.0f}"]
                 else:
                     ref_cells = [f"skipped (N > {REFERENCE_MAX_N[mode]})", "n/a", "n/a"]
