@@ -76,7 +76,7 @@ class CliffordAlgebra:
 
         Entries are in {-1, 0, 1}; ``cayley_sparse`` lists the nonzero ones.
         """
-        return self._table(torch.device("cpu"), torch.float32)["cayley"]
+        return self._masters["cayley"].float()  # a fresh copy: callers may modify it
 
     def _table(self, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
         """Sign/index tensors for one (device, dtype), made once on that device from the CPU masters.
