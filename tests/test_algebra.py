@@ -472,8 +472,11 @@ def test_compiled_kernels_match_gather_values_and_gradients(monkeypatch):
         a_, b_ = a.clone().requires_grad_(), b.clone().requires_grad_()
         out = alg.geometric_product(a_, b_)
         assert out.is_contiguous()  # the user's batch-major layout, not a transposed view
-        out.backward(g)
-        outs.append((out.detach(), a_.grad, b_.grad))
+        grad_a, grad_b = torch.autograd.grad(out, (a_, b_), g, create_graph=True)
+        (second,) = torch.autograd.grad(grad_a.pow(2).sum(), b_)  # a second derivative
+        outs.append((out.detach(), grad_a.detach(), grad_b.detach(), second))
     for x, y in zip(*outs):
         close(x, y.numpy())
-    assert fast._products._compiled  # the compiled path really ran
+    assert {"geometric", "geometric.grad_a", "geometric.grad_b", "geometric.grad_a.grad_b"} <= set(
+        fast._products._compiled
+    )  # the compiled path really ran, second derivative included
