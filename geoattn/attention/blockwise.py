@@ -114,54 +114,52 @@ class _Tiles:
         self.key_scalars = key_scalars
         self.params = tuple(p.view(1, -1, 1, 1) for p in params)
 
+    # Small copies (O(bq + bk)) rather than views: a compiled tile would otherwise guard on, and
+    # recompile for, every storage offset.
     def tq(self, i0: int, i1: int) -> Tensor:
-        return self.times[..., i0:i1, None]  # (B|1, 1, bq, 1)
+        return self.times[..., i0:i1, None].clone()  # (B|1, 1, bq, 1)
 
     def tk(self, j0: int, j1: int) -> Tensor:
-        return self.times[..., None, j0:j1]  # (B|1, 1, 1, bk)
+        return self.times[..., None, j0:j1].clone()  # (B|1, 1, 1, bk)
 
     def qs(self, i0: int, i1: int) -> tuple[Tensor, ...]:
-        return tuple(s[..., i0:i1, None] for s in self.query_scalars)
+        return tuple(s[..., i0:i1, None].clone() for s in self.query_scalars)
 
     def ks(self, j0: int, j1: int) -> tuple[Tensor, ...]:
-        return tuple(s[..., None, j0:j1] for s in self.key_scalars)
+        return tuple(s[..., None, j0:j1].clone() for s in self.key_scalars)
 
-
-def _causal_mask(i0: int, i1: int, j0: int, j1: int, device: torch.device) -> Tensor | None:
-    """``(bq, bk)`` True where key j lies after query i, or None if the tile has no such pair."""
-    if j1 - 1 <= i0:
-        return None
-    i = torch.arange(i0, i1, device=device)[:, None]
-    j = torch.arange(j0, j1, device=device)[None, :]
-    return j > i
+    @staticmethod
+    def indices(i0: int, i1: int, j0: int, j1: int, causal: bool, n: int, device) -> tuple[Tensor, Tensor]:
+        """``(bq, 1)`` query and ``(1, bk)`` key indices; a key is masked where its index is larger.
+        Without a causal mask the query indices are shifted past every key."""
+        shift = 0 if causal else n
+        return torch.arange(i0 + shift, i1 + shift, device=device)[:, None], torch.arange(
+            j0, j1, device=device
+        )[None]
 
 
 def _key_end(i1: int, n: int, causal: bool) -> int:
     return i1 if causal else n
 
 
-def _tile_forward(score_fn, dot, tq, tk, qs, ks, ps, mask, run_max):
+def _tile_forward(score_fn, dot, tq, tk, qs, ks, ps, qi, kj, run_max):
     """Scores of one tile and its online-softmax step: ``(p, new running max, rowsum p)``."""
-    s = score_fn(dot, tq - tk, qs, ks, ps)
-    if mask is not None:
-        s = s.masked_fill(mask, -math.inf)
-    new_max = s.amax(-1) if run_max is None else torch.maximum(run_max, s.amax(-1))
+    s = score_fn(dot, tq - tk, qs, ks, ps).masked_fill(kj > qi, -math.inf)
+    new_max = torch.maximum(run_max, s.amax(-1))
     p = torch.exp(s - new_max[..., None])
     return p, new_max, p.sum(-1)
 
 
-def _tile_backward(score_fn, dot, tq, tk, qs, ks, ps, mask, lse, dp, delta):
+def _tile_backward(score_fn, dot, tq, tk, qs, ks, ps, qi, kj, lse, dp, delta):
     """``P`` and the vector-Jacobian product of the tile's scores with ``dS = P ⊙ (dP − δ)``:
     ``(p, d_dot, d_qs, d_ks, d_ps)``. Functional (`torch.func.vjp`), so that it compiles."""
     dt = tq - tk
     s, vjp = torch.func.vjp(lambda dot, qs, ks, ps: score_fn(dot, dt, qs, ks, ps), dot, qs, ks, ps)
-    p = torch.exp(s - lse)
-    if mask is not None:
-        p = p.masked_fill(mask, 0.0)
+    p = torch.exp(s - lse).masked_fill(kj > qi, 0.0)
     return (p, *vjp(p * (dp - delta)))
 
 
-def _tile_backward_eager(score_fn, dot, tq, tk, qs, ks, ps, mask, lse, dp, delta):
+def _tile_backward_eager(score_fn, dot, tq, tk, qs, ks, ps, qi, kj, lse, dp, delta):
     """`_tile_backward` with plain autograd: the same result without torch.func's seconds-long
     first-use set-up, for small problems that never compile."""
     with torch.enable_grad():
@@ -173,9 +171,7 @@ def _tile_backward_eager(score_fn, dot, tq, tk, qs, ks, ps, mask, lse, dp, delta
             tuple(leaves[1 + n_qs + n_ks :]),
         )
         s = score_fn(leaves[0], tq - tk, *args)
-    p = torch.exp(s.detach() - lse)
-    if mask is not None:
-        p = p.masked_fill(mask, 0.0)
+    p = torch.exp(s.detach() - lse).masked_fill(kj > qi, 0.0)
     grads = torch.autograd.grad(s, leaves, p * (dp - delta), allow_unused=True)
     grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves)]
     return (
@@ -225,11 +221,13 @@ class _BlockwiseAttention(torch.autograd.Function):
         for i0 in range(0, n, block_q):
             i1 = min(i0 + block_q, n)
             q_blk, qs, tq = q[:, :, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
-            run_max = run_sum = acc = None
+            run_max = torch.full((b, h, i1 - i0), -math.inf, dtype=q.dtype, device=q.device)
+            run_sum = torch.zeros_like(run_max)
+            acc = torch.zeros(b, h, i1 - i0, v.shape[-1], dtype=v.dtype, device=v.device)
             for j0 in range(0, _key_end(i1, n, causal), block_k):
                 j1 = min(j0 + block_k, _key_end(i1, n, causal))
                 dot = q_blk @ k[:, :, j0:j1].transpose(-1, -2)  # (B, H, bq, bk)
-                mask = _causal_mask(i0, i1, j0, j1, q.device) if causal else None
+                qi, kj = _Tiles.indices(i0, i1, j0, j1, causal, n, q.device)
                 p, new_max, p_sum = _FORWARD(
                     use_compile,
                     score_fn,
@@ -239,15 +237,13 @@ class _BlockwiseAttention(torch.autograd.Function):
                     qs,
                     tiles.ks(j0, j1),
                     tiles.params,
-                    mask,
+                    qi,
+                    kj,
                     run_max,
                 )
-                if run_max is None:
-                    run_sum, acc = p_sum, p @ v[:, :, j0:j1]
-                else:
-                    rescale = torch.exp(run_max - new_max)
-                    run_sum = run_sum * rescale + p_sum
-                    acc = acc * rescale[..., None] + p @ v[:, :, j0:j1]
+                rescale = torch.exp(run_max - new_max)  # 0 on the first chunk
+                run_sum = run_sum * rescale + p_sum
+                acc = acc * rescale[..., None] + p @ v[:, :, j0:j1]
                 run_max = new_max
             out[:, :, i0:i1] = acc / run_sum[..., None]
             lse[:, :, i0:i1] = run_max + torch.log(run_sum)
@@ -270,13 +266,13 @@ class _BlockwiseAttention(torch.autograd.Function):
         for i0 in range(0, n, block_q):
             i1 = min(i0 + block_q, n)
             q_blk, do_blk, qs, tq = q[:, :, i0:i1], grad_out[:, :, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
-            lse_blk, delta_blk = lse[:, :, i0:i1, None], delta[:, :, i0:i1, None]
+            lse_blk, delta_blk = lse[:, :, i0:i1, None].clone(), delta[:, :, i0:i1, None].clone()
             for j0 in range(0, _key_end(i1, n, causal), block_k):
                 j1 = min(j0 + block_k, _key_end(i1, n, causal))
                 k_c, v_c = k[:, :, j0:j1], v[:, :, j0:j1]
                 dot = q_blk @ k_c.transpose(-1, -2)
                 dp = do_blk @ v_c.transpose(-1, -2)
-                mask = _causal_mask(i0, i1, j0, j1, q.device) if causal else None
+                qi, kj = _Tiles.indices(i0, i1, j0, j1, causal, n, q.device)
                 p, d_dot, d_qs, d_ks, d_ps = _BACKWARD(
                     use_compile,
                     score_fn,
@@ -286,7 +282,8 @@ class _BlockwiseAttention(torch.autograd.Function):
                     qs,
                     tiles.ks(j0, j1),
                     tiles.params,
-                    mask,
+                    qi,
+                    kj,
                     lse_blk,
                     dp,
                     delta_blk,
