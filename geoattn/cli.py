@@ -174,17 +174,16 @@ def _train(args: argparse.Namespace, env) -> int:
         )
     device = distributed.init(env, config.device)
     trainer = Trainer(config, task, out, env=env, device=device)
-    if env.is_main:
-        n_params = sum(p.numel() for p in trainer.model.parameters())
-        print(
-            f"{config.model} on {config.task}: {n_params / 1e6:.3f} M parameters, {config.max_iters} iters, "
-            f"batch {config.batch_size} on {env.world_size} x {device}, out {out}",
-            file=sys.stderr,
-        )
     if args.resume:
         trainer.resume()
-        if env.is_main:
-            print(f"resuming {out} at iter {trainer.iter}", file=sys.stderr)
+    if env.is_main:
+        n_params = sum(p.numel() for p in trainer.model.parameters())
+        start = f"resuming at iter {trainer.iter}" if args.resume else "from scratch"
+        print(
+            f"{config.model} on {config.task}: {n_params / 1e6:.3f} M parameters, {start} to "
+            f"{config.max_iters} iters, batch {config.batch_size} on {env.world_size} x {device}, out {out}",
+            file=sys.stderr,
+        )
     result = trainer.train()
     if env.is_main:
         _report(trainer, result)

@@ -74,6 +74,13 @@ def _one_line(err: Exception) -> str:
     return "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
 
 
+def _first_difference(err: RuntimeError, limit: int = 240) -> str:
+    """The first of load_state_dict's complaints, shortened, and how many more there are."""
+    details = [line.strip() for line in str(err).splitlines()[1:] if line.strip()] or [str(err)]
+    first = details[0] if len(details[0]) <= limit else details[0][: limit - 3] + "..."
+    return first + (f" (and {len(details) - 1} more)" if len(details) > 1 else "")
+
+
 def load_weights(out: Path, model: nn.Module, device: torch.device | str = "cpu") -> int:
     """Load ``model.safetensors`` into ``model`` (strict); returns the iteration it was saved at."""
     path = out / MODEL_FILE
@@ -85,7 +92,7 @@ def load_weights(out: Path, model: nn.Module, device: torch.device | str = "cpu"
         load_model(model, str(path), strict=True, device=str(device))
     except RuntimeError as err:
         raise CheckpointError(
-            f"{path} does not match the model built from its config.json: {_one_line(err)}"
+            f"{path} does not match the model built from its config.json: {_first_difference(err)}"
         ) from None
     except Exception as err:  # safetensors raises its own error type for truncated or corrupt files
         raise CheckpointError(f"{path} is corrupt or truncated ({_one_line(err)})") from None
