@@ -126,7 +126,11 @@ def filter_comparison(out: Path, iters: int, device: str) -> None:
         error = task.metrics(prediction.float().cpu(), y)[ANGLE]
         n_params = sum(p.numel() for p in trainer.model.parameters())
         rows.append(
-            [f"{model} ({n_params / 1e3:.0f} k params, learned)", error, f"{time.perf_counter() - t0:.0f} s"]
+            [
+                f"{model} ({n_params / 1e3:.0f} k params, learned)",
+                f"{error:.1f}",
+                f"{time.perf_counter() - t0:.0f} s",
+            ]
         )
     t0 = time.perf_counter()
     baselines = task.baselines("val")
