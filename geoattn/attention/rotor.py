@@ -511,35 +511,41 @@ def _frame_axes(x: Tensor, algebra: CliffordAlgebra) -> tuple[Tensor, Tensor]:
     return ex, y / y.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS)
 
 
-def _frame_action(x: Tensor, algebra: CliffordAlgebra) -> Tensor:
-    """The outermorphism of the frame rotation ``[x y z]`` on Cl(3) coefficients: ``(B, H, N, 8, 8)``.
-
-    Column convention ``m' = O m``: vectors map by the rotation matrix, bivectors ``e_ab`` by its 2×2
-    minors, scalar and pseudoscalar (det = +1) are fixed. This is the action of the frame's rotor F.
-    """
+def _frame_rotation(x: Tensor, algebra: CliffordAlgebra) -> Tensor:
+    """The frame ``[x y z]`` as a rotation matrix (columns = axes): ``(B, H, N, C, 8)`` → ``(..., 3, 3)``."""
     ex, ey = _frame_axes(x, algebra)
-    rot = torch.stack([ex, ey, torch.linalg.cross(ex, ey)], dim=-1)  # (B, H, N, 3, 3), columns = axes
-    pairs = [(0, 1), (0, 2), (1, 2)]  # e12, e13, e23
-    minors = torch.stack(
-        [
-            torch.stack(
-                [rot[..., a, c] * rot[..., b, d] - rot[..., a, d] * rot[..., b, c] for c, d in pairs], -1
-            )
-            for a, b in pairs
-        ],
-        dim=-2,
-    )  # (B, H, N, 3, 3)
-    O = rot.new_zeros(*rot.shape[:-2], 8, 8)
-    O[..., 0, 0] = 1
-    O[..., 1:4, 1:4] = rot
-    O[..., 4:7, 4:7] = minors
-    O[..., 7, 7] = 1
-    return O
+    return torch.stack([ex, ey, torch.linalg.cross(ex, ey)], dim=-1)
+
+
+@functools.cache
+def _cl3_action_table(device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``(T0 (8, 8), T (9, 64))``: the action matrix of a rotation R on Cl(3) row vectors is
+    ``T0 + vec(R) @ T``: identity on scalar and pseudoscalar (det R = 1), R on vectors, ``S R S`` on
+    bivectors, since (e12, e13, e23) = (e3, −e2, e1) e123 rotate like vectors (S that signed swap)."""
+    S = torch.tensor([[0.0, 0, 1], [0, -1, 0], [1, 0, 0]], dtype=torch.float64)
+    T = torch.zeros(3, 3, 8, 8, dtype=torch.float64)
+    for i in range(3):
+        for j in range(3):
+            unit = torch.zeros(3, 3, dtype=torch.float64)
+            unit[i, j] = 1.0
+            T[i, j, 1:4, 1:4] = unit
+            T[i, j, 4:7, 4:7] = S @ unit @ S
+    T0 = torch.zeros(8, 8, dtype=torch.float64)
+    T0[0, 0] = T0[7, 7] = 1.0
+    return T0.to(device, dtype), T.reshape(9, 64).to(device, dtype)
+
+
+def _rotate_cl3(m: Tensor, rot: Tensor, inverse: bool) -> Tensor:
+    """Apply the rotation (``inverse``: its transpose) to Cl(3) multivectors: the versor action of the
+    frame's rotor F (F̃ for ``inverse``). m ``(B, H, N, Cv, 8)``, rot ``(B, H, N, 3, 3)`` → like m."""
+    T0, T = _cl3_action_table(rot.device, rot.dtype)
+    act = rot if inverse else rot.transpose(-1, -2)  # row vectors: u @ R = (Rᵀ u)ᵀ
+    return m @ (T0 + (act.flatten(-2) @ T).unflatten(-1, (8, 8)))
 
 
 def _frame(q, k, v, algebra, causal, key_mask) -> Tensor:
     """``F_i (Σ_j α_ij F̃_j v_j F_j) F̃_i``: values into key frames, plain attention, out of query frames."""
     B, H, N, Cv, dim = v.shape
-    local = v @ _frame_action(k, algebra)  # row vectors: v @ O = (Oᵀ v)ᵀ, the action of F̃_j
+    local = _rotate_cl3(v, _frame_rotation(k, algebra), inverse=True)
     agg = _plain_attention(_logit_queries(q, algebra), k.flatten(-2), local.flatten(-2), causal, key_mask)
-    return agg.view(B, H, N, Cv, dim) @ _frame_action(q, algebra).transpose(-1, -2)
+    return _rotate_cl3(agg.view(B, H, N, Cv, dim), _frame_rotation(q, algebra), inverse=False)
