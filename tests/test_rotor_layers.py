@@ -176,6 +176,18 @@ def test_rotor_encoding_logits_depend_on_relative_position_only():
     assert _rel(pe(q, t + 3.7), pe(q, t)) > 1e-3  # absolute positions do move q
 
 
+def test_causal_layer_with_rotor_encoding_ignores_later_tokens():
+    torch.manual_seed(6)
+    layer = RotorAttention(CL3, 3, ["rotation", "frame"], 2, causal=True, positional_encoding=True).double()
+    x = torch.randn(2, 6, 3, 8, dtype=torch.float64)
+    t = torch.arange(6, dtype=torch.float64)
+    y, _ = layer(x, positions=t)
+    x2 = x.clone()
+    x2[:, 4:] = torch.randn(2, 2, 3, 8, dtype=torch.float64)
+    y2, _ = layer(x2, positions=t)
+    assert _rel(y2[:, :4], y[:, :4]) < 1e-12 and _rel(y2[:, 4:], y[:, 4:]) > 1e-3
+
+
 # ------------------------------------------------------------------------------- model behaviour
 def test_padding_tokens_do_not_change_real_tokens():
     torch.manual_seed(4)
