@@ -16,8 +16,6 @@ import argparse
 import importlib
 import importlib.util
 import statistics
-import sys
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -111,10 +109,6 @@ def _kingdon(alg: CliffordAlgebra, a: Tensor, b: Tensor, g: Tensor) -> Peer:
 
 
 def _torch_ga(alg: CliffordAlgebra, a: Tensor, b: Tensor, g: Tensor) -> Peer:
-    if "icecream" not in sys.modules and importlib.util.find_spec("icecream") is None:
-        # torch_ga imports icecream's `ic` at module level but only calls it in comments: an inert
-        # stand-in lets the peer run without that debugging package.
-        sys.modules["icecream"] = types.SimpleNamespace(ic=lambda *args: None)
     try:
         torch_ga = importlib.import_module("torch_ga")
     except ImportError as err:
