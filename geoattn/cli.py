@@ -248,6 +248,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             f"{run.config.model} on {run.task.data}: val loss (nats/char) by context length, "
             f"{run.config.eval_iters} batches of {run.config.batch_size}"
         )
+        rows = [[T, k, f"{v:.4f}" if isinstance(v, float) else v] for T, k, v in rows]
         print(format_table(["context", "× training", "val loss"], rows))
         return 0
     results = evaluate_run(run)
