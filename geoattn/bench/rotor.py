@@ -48,6 +48,14 @@ def _step(fn, inputs, backward: bool):
     return run
 
 
+def _warm_reference(ga: CliffordAlgebra, heads, H: int, C: int, device: torch.device) -> None:
+    """Run the reference once, forward and backward, at N = 64: large engine calls go through its
+    compiled kernels, whose one-off compilation must not land in a timed run."""
+    q, k, v = (torch.randn(1, H, 64, C, 8, device=device, requires_grad=True) for _ in range(3))
+    for head in heads:
+        rotor_attention(q, k, v, algebra=ga, head_type=head, backend="reference").sum().backward()
+
+
 def _kernel(ga: CliffordAlgebra, head: str, backend: str):
     return lambda q, k, v: rotor_attention(q, k, v, algebra=ga, head_type=head, backend=backend)
 
@@ -72,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         f"rotor attention, Cl(3), B=1, H={H}, C={C} (width C·8 = {8 * C}), float32, {device}, torch threads="
         f"{torch.get_num_threads()}; medians of {args.repeats}, times in ms, peak memory growth in MiB"
     )
+    _warm_reference(ga, args.head_types, H, C, device)
     for mode in ("forward", "forward+backward"):
         backward = mode == "forward+backward"
         rows = []
