@@ -246,3 +246,13 @@ def test_training_reaches_a_loss_an_untrained_model_cannot(task, tmp_path, model
     assert written == expected
     for name in expected:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_for_a_model_without_rt_layers(task, tmp_path):
+    # RFA layers also have precision_parameters (mu, sigma2, ...): no RT precision plot for them
+    trainer = Trainer(
+        tiny(tmp_path, model="rfa", max_iters=2, eval_interval=2), task, tmp_path, verbose=False
+    )
+    trainer.train()
+    x, _ = task.get_batch("val", 1, torch.Generator().manual_seed(0))
+    assert {p.name for p in make_plots(tmp_path, trainer.model, x)} == {"loss.png", "attention.png"}

@@ -75,14 +75,15 @@ def rt_precision(out: Path, model: nn.Module) -> Path | None:
     """``precision.png``: the learned κ = m² / c(Δt) of each head of the first RT layer.
 
     Left: κ against key magnitude m at Δt = 1; right: κ against Δt at m = 1. Returns None when the
-    model has no layer with ``precision_parameters()``.
+    model has no RT layer (``precision_parameters()`` with ``mu_r``; RFA layers name theirs ``mu``).
     """
-    layer = next((m for m in model.modules() if hasattr(m, "precision_parameters")), None)
-    if layer is None:
+    layers = (m.precision_parameters() for m in model.modules() if hasattr(m, "precision_parameters"))
+    found = next((p for p in layers if "mu_r" in p), None)
+    if found is None:
         return None
     from geoattn.rt.precision import rt_noise_variance
 
-    params = {k: v.detach().float().cpu() for k, v in layer.precision_parameters().items()}
+    params = {k: v.detach().float().cpu() for k, v in found.items()}
     plt = _pyplot()
     m = torch.linspace(0.05, 3.0, 100)
     dt = torch.linspace(0.0, 64.0, 129)
