@@ -90,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
                 torch.randn(1, H, n, C, 8, generator=g).to(device).requires_grad_(backward) for _ in range(3)
             )
             flat = [x.detach().flatten(-2).requires_grad_(backward) for x in (q, k, v)]
-            sdpa_s, sdpa_mb = _measure(F.scaled_dot_product_attention, flat, backward, args.repeats)
             for head in args.head_types:
+                # SDPA again for every row: ratios compare runs made at the same moment on a busy machine
+                sdpa_s, sdpa_mb = _measure(F.scaled_dot_product_attention, flat, backward, args.repeats)
                 auto_s, auto_mb = _measure(_kernel(ga, head, "auto"), [q, k, v], backward, args.repeats)
                 if n <= REFERENCE_MAX_N[mode]:
                     ref = _kernel(ga, head, "reference")
