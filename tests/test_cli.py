@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SHAKESPEARE
 
 from geoattn.cli import build_parser, main
 from geoattn.tasks import data as registry
 
-SHAKESPEARE = Path(__file__).parents[2] / "shared/data/tinyshakespeare.txt"
 TINY = [
     "--task",
     "lm",

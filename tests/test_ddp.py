@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-SHAKESPEARE = Path(__file__).parents[2] / "shared/data/tinyshakespeare.txt"
+from conftest import SHAKESPEARE
+
 TINY = [
     "--task",
     "lm",

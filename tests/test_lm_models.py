@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import SHAKESPEARE as DATA
 
 from geoattn.layers.transformer import merge_heads, split_heads
 from geoattn.models.lm import MODELS, LMConfig, build_backbone, build_lm
@@ -14,7 +14,6 @@ from geoattn.models.lm import MODELS, LMConfig, build_backbone, build_lm
 SMALL = dict(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32)
 VARIANTS = [(name, {}) for name in MODELS] + [("transformer", {"mlp": "gelu", "pos": "learned"})]
 IDS = [name + ("-nanogpt" if kw else "") for name, kw in VARIANTS]
-DATA = Path(__file__).parents[2] / "shared/data/tinyshakespeare.txt"
 
 
 def _model(name, **kw):

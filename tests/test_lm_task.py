@@ -5,16 +5,14 @@ from __future__ import annotations
 import hashlib
 import io
 import urllib.error
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import SHAKESPEARE
 
 from geoattn.tasks import data as registry
 from geoattn.tasks import get_task
 from geoattn.tasks.lm import LMTask
-
-SHAKESPEARE = Path(__file__).parents[2] / "shared/data/tinyshakespeare.txt"
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SHAKESPEARE
 from torch import nn
 
 from geoattn.tasks.lm import LMTask
@@ -17,8 +18,6 @@ from geoattn.training import checkpoint as ckpt
 from geoattn.training.config import TrainConfig
 from geoattn.training.plots import make_plots
 from geoattn.training.trainer import Trainer, cosine_lr, optimizer_groups
-
-SHAKESPEARE = Path(__file__).parents[2] / "shared/data/tinyshakespeare.txt"
 
 
 @pytest.fixture(scope="module")
