@@ -27,12 +27,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="measure kernels against their peers (medians, ratios)")
     kinds = bench.add_subparsers(dest="bench", required=True, metavar="{" + ",".join(BENCHMARKS) + "}")
     for name, module in BENCHMARKS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name != module:
-                raise
-            continue
+        mod = importlib.import_module(module)
         p = kinds.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
         mod.add_arguments(p)
         p.set_defaults(func=mod.run)

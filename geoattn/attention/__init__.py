@@ -1,18 +1,8 @@
-"""Functional attention kernels: ``rt_attention`` (SPEC §1.2) and ``rotor_attention`` (SPEC §2)."""
+"""Functional attention kernels: ``rt_attention`` (SPEC §1.2, §4.1), ``rotor_attention`` (SPEC §2, §4.1)
+and the generic flash-style ``blockwise_attention`` behind the general RT precision."""
 
-# Lazy while the kernels are being written side by side; becomes plain imports once both exist.
-_EXPORTS = {
-    "rt_attention": "geoattn.attention.rt",
-    "rotor_attention": "geoattn.attention.rotor",
-}
+from geoattn.attention.blockwise import blockwise_attention
+from geoattn.attention.rotor import rotor_attention
+from geoattn.attention.rt import rt_attention, rt_logits
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(name)
-
-
-__all__ = list(_EXPORTS)
+__all__ = ["rt_attention", "rotor_attention", "blockwise_attention", "rt_logits"]

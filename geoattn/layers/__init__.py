@@ -1,20 +1,33 @@
-"""Neural-network modules built on the kernels."""
+"""Neural-network modules built on the kernels: RT layers, transformer baselines, GA layers."""
 
-# Lazy while the kernels are being written side by side; becomes plain imports once both exist.
-_EXPORTS = {
-    "RTAttention": "geoattn.layers.rt",
-    "RTBlock": "geoattn.layers.rt",
-    "RotorAttention": "geoattn.layers.rotor",
-    "GradeLayerNorm": "geoattn.layers.multivector",
-}
+from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm, MultivectorEmbedding
+from geoattn.layers.rotor import RotorAttention, RotorPositionalEncoding
+from geoattn.layers.rt import RFAAttention, RTAttention, RTBlock
+from geoattn.layers.transformer import (
+    Block,
+    CausalSelfAttention,
+    NGPTAttention,
+    NormalizedSwiGLU,
+    RMSNorm,
+    SphereBlock,
+    SwiGLU,
+)
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(name)
-
-
-__all__ = list(_EXPORTS)
+__all__ = [
+    "RTAttention",
+    "RTBlock",
+    "RFAAttention",
+    "RotorAttention",
+    "RotorPositionalEncoding",
+    "GradeLayerNorm",
+    "EquiLinear",
+    "GeometricMLP",
+    "MultivectorEmbedding",
+    "Block",
+    "CausalSelfAttention",
+    "NGPTAttention",
+    "NormalizedSwiGLU",
+    "RMSNorm",
+    "SphereBlock",
+    "SwiGLU",
+]

@@ -1,19 +1,25 @@
-"""Whole networks: language models and the RotorTransformer."""
+"""Whole networks: the language models (one config family) and the RotorTransformer."""
 
-# Lazy while the kernels are being written side by side; becomes plain imports once both exist.
-_EXPORTS = {
-    "RTTransformerLM": "geoattn.models.lm",
-    "TransformerLM": "geoattn.models.lm",
-    "RotorTransformer": "geoattn.models.rotor_transformer",
-}
+from geoattn.models.lm import (
+    NGPTLM,
+    LMConfig,
+    RFATransformerLM,
+    RTTransformerLM,
+    TransformerLM,
+    build_backbone,
+    build_lm,
+)
+from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig, center
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(name)
-
-
-__all__ = list(_EXPORTS)
+__all__ = [
+    "LMConfig",
+    "TransformerLM",
+    "RTTransformerLM",
+    "RFATransformerLM",
+    "NGPTLM",
+    "build_lm",
+    "build_backbone",
+    "RotorTransformer",
+    "RotorTransformerConfig",
+    "center",
+]
