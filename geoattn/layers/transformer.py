@@ -193,17 +193,26 @@ class CausalSelfAttention(nn.Module):
             q, k = rotate_pairs(q, angle), rotate_pairs(k, angle)
         return q, k, v  # (B, H, T, D)
 
+    def logit_scale(self, head_dim: int) -> float:
+        """The factor on ``q·k``: ``1/sqrt(D)`` here."""
+        return 1.0 / math.sqrt(head_dim)
+
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         q, k, v = self._qkv(x, positions)
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=self.causal, dropout_p=self.dropout if self.training else 0.0
+            q,
+            k,
+            v,
+            is_causal=self.causal,
+            scale=self.logit_scale(q.shape[-1]),
+            dropout_p=self.dropout if self.training else 0.0,
         )
         return self.resid_dropout(self.c_proj(merge_heads(y)))
 
     def attention_weights(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """The explicit softmax weights ``(B, H, T, T)`` (what SDPA computes without materialising)."""
         q, k, _ = self._qkv(x, positions)
-        return causal_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), self.causal)
+        return causal_softmax(q @ k.transpose(-2, -1) * self.logit_scale(q.shape[-1]), self.causal)
 
 
 class Block(nn.Module):
@@ -302,62 +311,24 @@ class NormalizedSwiGLU(nn.Module):
         normalize_(self.c_proj.weight, dim=0)
 
 
-class NGPTAttention(nn.Module):
+class NGPTAttention(CausalSelfAttention):
     """nGPT attention: RoPE, then unit q and k scaled per dimension by ``s_qk``, logit scale ``sqrt(D)``.
 
     ``forward(x (B, T, C), positions) -> (B, T, C)`` on SDPA. ``s_qk`` is ``(C,)`` (per head and head
     dimension), init 1, stored with scale ``1/sqrt(C)`` (nGPT).
     """
 
-    def __init__(
-        self,
-        n_embd: int,
-        n_head: int,
-        *,
-        rope: bool = True,
-        rope_base: float = 10000.0,
-        causal: bool = True,
-        dropout: float = 0.0,
-    ):
-        super().__init__()
-        if n_embd % n_head:
-            raise ValueError(f"n_embd={n_embd} is not a multiple of n_head={n_head}")
-        self.n_embd, self.n_head, self.causal, self.dropout = n_embd, n_head, causal, dropout
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=False)
-        self.c_proj = nn.Linear(n_embd, n_embd, bias=False)
+    def __init__(self, n_embd: int, n_head: int, **kwargs):
+        super().__init__(n_embd, n_head, **kwargs)
         self.s_qk = ScaledVector(n_embd, 1.0, n_embd**-0.5)
-        self.resid_dropout = nn.Dropout(dropout)
-        if rope:
-            self.register_buffer("omega", rope_frequencies(n_embd // n_head, 1, rope_base), persistent=False)
-        else:
-            self.omega = None
+
+    def logit_scale(self, head_dim: int) -> float:
+        return math.sqrt(head_dim)  # unit q, k: cosines need a large scale to be decisive
 
     def _qkv(self, x: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        check_input(x, self.n_embd)
-        positions = default_positions(x, positions)
-        q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).split(self.n_embd, dim=-1))
-        if self.omega is not None:
-            angle = rope_angles(positions.to(x.device), self.omega)
-            q, k = rotate_pairs(q, angle), rotate_pairs(k, angle)
+        q, k, v = super()._qkv(x, positions)
         s_qk = self.s_qk().view(self.n_head, 1, -1)  # (H, 1, D)
         return F.normalize(q, dim=-1) * s_qk, F.normalize(k, dim=-1) * s_qk, v
-
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        q, k, v = self._qkv(x, positions)
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            is_causal=self.causal,
-            scale=math.sqrt(q.shape[-1]),
-            dropout_p=self.dropout if self.training else 0.0,
-        )
-        return self.resid_dropout(self.c_proj(merge_heads(y)))
-
-    def attention_weights(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """The explicit softmax weights ``(B, H, T, T)``."""
-        q, k, _ = self._qkv(x, positions)
-        return causal_softmax(q @ k.transpose(-2, -1) * math.sqrt(q.shape[-1]), self.causal)
 
     def normalize_weights(self) -> None:
         """Unit-norm weights along the embedding axis (rows of c_attn, columns of c_proj)."""
