@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from geoattn.algebra.rotation import rotate_pairs
-from geoattn.layers.rt import RFAAttention, RTAttention, RTBlock, rfa_attention
+from geoattn.attention.rfa import rfa_attention
+from geoattn.layers.rt import RFAAttention, RTAttention, RTBlock
 from geoattn.layers.transformer import sphere_step, tangent_part
 
 C, H = 32, 4
