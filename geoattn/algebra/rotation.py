@@ -46,7 +46,9 @@ def rope_angles(positions: Tensor, omega: Tensor) -> Tensor:
     if omega.dim() != 2:
         raise ValueError(f"omega must have shape (H, D/2), got {tuple(omega.shape)}")
     t = positions if positions.dim() == 2 else positions.unsqueeze(0)  # (B|1, N)
-    return t[:, None, :, None].to(omega.dtype) * omega[None, :, None, :]
+    # at least float32: a bf16 time is exact only up to 256 (positions 257 and 259 would round)
+    dtype = torch.promote_types(omega.dtype, torch.float32)
+    return t[:, None, :, None].to(dtype) * omega.to(dtype)[None, :, None, :]
 
 
 def rope_frequencies(head_dim: int, n_heads: int = 1, base: float = 10000.0) -> Tensor:

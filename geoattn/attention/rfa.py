@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from geoattn.algebra.rotation import rope_angles, rotate_pairs
+from geoattn.attention.precision import outside_autocast, work_dtype
 from geoattn.rt.precision import rfa_precision
 
 RFA_BACKENDS = ("auto", "reference", "chunked")
@@ -37,6 +38,7 @@ def _rfa_block(q, k, v_rot, qq, kk, t_q, t_k, mu, sigma2, eta2, gamma2, beta, ca
     return (a * decay) @ v_rot, a
 
 
+@outside_autocast
 def rfa_attention(
     q: Tensor,
     k: Tensor,
@@ -95,7 +97,7 @@ def rfa_attention(
     if return_weights and backend != "reference":
         raise ValueError("return_weights=True needs backend='reference'")
     out_dtype = q.dtype
-    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # times, logs, exps
+    work = work_dtype(q.dtype)  # times, logs and exponentials need the mantissa
     q, k, v = q.to(work), k.to(work), v.to(work)
     if positions is None:
         positions = torch.arange(N, device=q.device, dtype=work)

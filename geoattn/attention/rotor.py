@@ -60,6 +60,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
+from geoattn.attention.precision import outside_autocast
 
 HEAD_TYPES = ("rotation", "reflection", "projection", "frame")
 BACKENDS = ("auto", "reference")
@@ -71,6 +72,7 @@ _AUTO_CHUNK_ELEMENTS = 1 << 22  # B·H·chunk·N logits per query chunk (16 MiB 
 _REFERENCE_ROWS = 1 << 18
 
 
+@outside_autocast
 def rotor_attention(
     q: Tensor,
     k: Tensor,
@@ -481,8 +483,11 @@ def _factorised(q, k, v, algebra, head_type, causal, inverse, key_mask, chunk_si
 def _plain_attention(qs: Tensor, kf: Tensor, values: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
     """``softmax(qs kfᵀ) values`` (scale already in qs): ``(B, H, N, ·)`` → ``(B, H, N, F)``, SDPA."""
     mask = None
-    if key_mask is not None:
-        # a (B, 1, 1, N) padding mask; with causal too, the (B, 1, N, N) combined bool mask is built
+    if key_mask is not None and not causal:
+        mask = key_mask[:, None, None, :]  # (B, 1, 1, N): broadcast, no N×N
+    elif key_mask is not None:
+        # SDPA cannot combine is_causal with a mask: padding and causality together cost one
+        # (B, 1, N, N) bool mask (1 byte a pair; padded causal sequences are the rare case)
         mask = _allowed(qs.shape[2], kf.shape[2], 0, causal, key_mask, qs.device)
         causal = False
     return F.scaled_dot_product_attention(qs, kf, values, attn_mask=mask, is_causal=causal, scale=1.0)

@@ -32,7 +32,8 @@ needs none of ``mu_r, sigma_t2, eta_t2`` to require grad. Otherwise the general 
 
 Problems with ``B·H·N² ≥ COMPILE_MIN_PAIRS`` run the per-token preparation (normalise, rotate,
 fold) and the blockwise tiles through `torch.compile` (the first call compiles, for tens of
-seconds on a CPU); smaller ones run eagerly. Half-precision inputs are computed in float32.
+seconds on a CPU); smaller ones run eagerly. Half-precision inputs are computed in float32, with
+autocast switched off inside (`geoattn.attention.precision`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from torch import Tensor
 
 from geoattn.algebra.rotation import rope_angles, rotate_pairs
 from geoattn.attention.blockwise import COMPILE_MIN_PAIRS, MaybeCompiled, blockwise_attention
+from geoattn.attention.precision import outside_autocast, work_dtype
 from geoattn.rt.precision import rt_noise_variance
 
 BACKENDS = ("auto", "reference", "blockwise", "flex")
@@ -58,6 +60,7 @@ _TIED_MAX_EXPONENT = 60.0
 _TIED_MAX_CHUNK = 1024
 
 
+@outside_autocast
 def rt_attention(
     q: Tensor,
     k: Tensor,
@@ -97,7 +100,7 @@ def rt_attention(
     b, h, n, d = q.shape
     if positions is None:
         positions = torch.arange(n, device=q.device)
-    work = _work_dtype(q.dtype)
+    work = work_dtype(q.dtype)
     times = positions.to(work)  # (N,) or (B, N)
     mu_r, sigma_t2, eta_t2, beta = (p.to(work) for p in params)
     q, k, v = q.to(work), k.to(work), v.to(work)
@@ -329,11 +332,6 @@ def _choose_path(backend, device, times, mu_r, sigma_t2, eta_t2, causal) -> str:
 
 # ----------------------------------------------------------------------------------------------
 # Inputs.
-
-
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Half-precision inputs are computed in float32: log κ and exp(κ) need the mantissa."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _unit(x: Tensor, eps: float = 1e-12) -> tuple[Tensor, Tensor]:

@@ -132,7 +132,8 @@ class RTAttention(nn.Module):
         eta_t2 = torch.ones(n_head, dtype=torch.float64)
         beta = torch.full((n_head,), beta_init or math.sqrt(self.head_dim), dtype=torch.float64)
         self.log_mu_r = nn.Parameter(mu_r.log().float())
-        self.log_sigma_t2 = nn.Parameter((2.0 * mu_r * eta_t2).log().float())
+        # process_noise=False: σ_t² ≡ 0 is no parameter at all (under DDP every parameter needs a gradient)
+        self.log_sigma_t2 = nn.Parameter((2.0 * mu_r * eta_t2).log().float()) if process_noise else None
         self.log_eta_t2 = nn.Parameter(eta_t2.log().float())
         self.log_beta = nn.Parameter(beta.log().float())
 
@@ -147,11 +148,11 @@ class RTAttention(nn.Module):
 
     def precision_parameters(self) -> dict[str, Tensor]:
         """The constrained kernel parameters ``mu_r, sigma_t2, eta_t2, beta``, each ``(H,)``."""
-        sigma_t2 = self.log_sigma_t2.exp()
+        eta_t2 = self.log_eta_t2.exp()
         return {
             "mu_r": self.log_mu_r.exp(),
-            "sigma_t2": sigma_t2 if self.process_noise else torch.zeros_like(sigma_t2),
-            "eta_t2": self.log_eta_t2.exp(),
+            "sigma_t2": self.log_sigma_t2.exp() if self.process_noise else torch.zeros_like(eta_t2),
+            "eta_t2": eta_t2,
             "beta": self.log_beta.exp(),
         }
 

@@ -66,7 +66,8 @@ class LMConfig:
         causal: causal attention (False for set-like inputs such as n-body).
         norm: ``"layernorm"`` (nanoGPT, bias-free) or ``"rmsnorm"``; pre-norm models only.
 
-    Hypersphere fields (``rt``; ``alpha_init``, ``step`` and ``tangent_correction`` also ``ngpt``):
+    Hypersphere fields (``rt``; ``alpha_init`` and ``step`` also ``ngpt``, whose update is always nGPT's
+    own ``o − h``, i.e. no tangent correction):
         magnitude_precision: key magnitudes set the precision κ_j ∝ |k_j|² (False: unit keys).
         qkv_norm: the kernel normalises values too (False: raw values are averaged; q, k stay unit).
         tangent_correction: step along ``o − ⟨o,h⟩h`` (False: nGPT's ``o − h``).

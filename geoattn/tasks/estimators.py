@@ -24,7 +24,7 @@ from torch import Tensor
 
 from geoattn.algebra.rotation import rotate_pairs
 from geoattn.attention.rt import rt_attention
-from geoattn.rt.precision import rt_noise_variance
+from geoattn.rt.precision import expm1_ratio, rt_noise_variance
 
 _EPS = 1e-12
 
@@ -320,7 +320,7 @@ def particle_filter(
     for i in range(1, length):
         dt = (times[:, i] - times[:, i - 1])[:, None, None]  # (B, 1, 1)
         decay = torch.exp(-mu_r * dt)
-        var = dt if mu_r == 0 else -torch.expm1(-2 * mu_r * dt) / (2 * mu_r)
+        var = dt * expm1_ratio(-2 * mu_r * dt)  # (1 − e^{−2μΔt})/(2μ), → Δt as μ → 0
         u = _unit(x)
         eps = draw(batch, n_particles, dim)
         eps = sigma_t * eps + (sigma_r - sigma_t) * (eps * u).sum(-1, keepdim=True) * u
