@@ -293,12 +293,17 @@ def _flex(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_c
         return rt_logits(score, dt, log_m2[bi, hi, kj], mu_r[hi], sigma_t2[hi], eta_t2[hi], beta[hi])
 
     block_mask = None
-    if causal:
-        block_mask = create_block_mask(lambda bi, hi, qi, kj: qi >= kj, None, None, n, n, device=qh.device)
+    if causal:  # depends on (n, device) only: built once, not at every layer and step
+        key = ("causal_mask", n, str(qh.device))
+        if key not in _FLEX_CACHE:
+            _FLEX_CACHE[key] = create_block_mask(
+                lambda bi, hi, qi, kj: qi >= kj, None, None, n, n, device=qh.device
+            )
+        block_mask = _FLEX_CACHE[key]
     return _compiled_flex(flex_attention)(qh, kh, vh, score_mod=score_mod, block_mask=block_mask, scale=1.0)
 
 
-_FLEX_CACHE: dict[str, object] = {}
+_FLEX_CACHE: dict[object, object] = {}
 
 
 def _compiled_flex(flex_attention):
