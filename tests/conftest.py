@@ -22,3 +22,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             f"the tinyshakespeare corpus is missing at {SHAKESPEARE}: put shared/ next to the checkout "
             "or set GEOATTN_CORPUS"
         )
+
+
+def tiny_lm_args(max_iters: int, eval_interval: int) -> list[str]:
+    """`geoattn train` flags of a tiny character LM on the corpus: 1 layer, 32 wide, block 16, batch 8."""
+    flags = "--task lm --model transformer --eval-iters 2 --batch-size 8 --block-size 16"
+    flags += " --n-layer 1 --n-head 2 --n-embd 32 --no-plots"
+    return [*flags.split(), "--data", str(SHAKESPEARE), "--max-iters", str(max_iters),
+            "--eval-interval", str(eval_interval)]  # fmt: skip

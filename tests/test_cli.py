@@ -9,36 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SHAKESPEARE
+from conftest import SHAKESPEARE, tiny_lm_args
 
 from geoattn.cli import build_parser, main
 from geoattn.tasks import data as registry
 
-TINY = [
-    "--task",
-    "lm",
-    "--model",
-    "transformer",
-    "--data",
-    str(SHAKESPEARE),
-    "--max-iters",
-    "6",
-    "--eval-interval",
-    "3",
-    "--eval-iters",
-    "2",
-    "--batch-size",
-    "8",
-    "--block-size",
-    "16",
-    "--n-layer",
-    "1",
-    "--n-head",
-    "2",
-    "--n-embd",
-    "32",
-    "--no-plots",
-]
+TINY = tiny_lm_args(6, 3)
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -12,35 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import SHAKESPEARE
+from conftest import tiny_lm_args
 
-TINY = [
-    "--task",
-    "lm",
-    "--model",
-    "transformer",
-    "--data",
-    str(SHAKESPEARE),
-    "--max-iters",
-    "8",
-    "--eval-interval",
-    "4",
-    "--eval-iters",
-    "2",
-    "--batch-size",
-    "8",
-    "--block-size",
-    "16",
-    "--n-layer",
-    "1",
-    "--n-head",
-    "2",
-    "--n-embd",
-    "32",
-    "--device",
-    "cpu",
-    "--no-plots",
-]
+TINY = [*tiny_lm_args(8, 4), "--device", "cpu"]
 
 
 def free_port() -> int:
