@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 SHAKESPEARE = Path(
     os.environ.get("GEOATTN_CORPUS", Path(__file__).parents[2] / "shared/data/tinyshakespeare.txt")
@@ -30,3 +31,16 @@ def tiny_lm_args(max_iters: int, eval_interval: int) -> list[str]:
     flags += " --n-layer 1 --n-head 2 --n-embd 32 --no-plots"
     return [*flags.split(), "--data", str(SHAKESPEARE), "--max-iters", str(max_iters),
             "--eval-interval", str(eval_interval)]  # fmt: skip
+
+
+def random_o3_versor(ga, n_vectors: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """``(dim,)`` product of ``n_vectors`` random Euclidean vectors of ``ga`` (no e0): an O(3) element,
+    a reflection when ``n_vectors`` is odd."""
+    g = torch.Generator().manual_seed(seed)
+    versor = None
+    for _ in range(n_vectors):
+        coords = torch.zeros(ga.n, dtype=dtype)
+        coords[ga.r :] = torch.randn(ga.p, generator=g, dtype=dtype)
+        vec = ga.vector(coords)
+        versor = vec if versor is None else ga.geometric_product(versor, vec)
+    return versor

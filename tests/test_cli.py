@@ -128,38 +128,13 @@ def test_eval_reports_what_learned_positions_cannot_do(tmp_path, capsys):
 
 
 def test_sample_continues_the_prompt(trained, capsys):
-    code, out, _ = run(
-        capsys,
-        "sample",
-        "--out",
-        str(trained),
-        "--prompt",
-        "ROMEO:",
-        "--max-new-tokens",
-        "30",
-        "--seed",
-        "1",
-        "--top-k",
-        "5",
-    )
+    argv = ["sample", "--out", str(trained), "--prompt", "ROMEO:", "--max-new-tokens", "30"]
+    argv += ["--seed", "1", "--top-k", "5"]
+    code, out, _ = run(capsys, *argv)
     assert code == 0
     text = out.rstrip("\n")
     assert text.startswith("ROMEO:") and len(text) == len("ROMEO:") + 30
-    again = run(
-        capsys,
-        "sample",
-        "--out",
-        str(trained),
-        "--prompt",
-        "ROMEO:",
-        "--max-new-tokens",
-        "30",
-        "--seed",
-        "1",
-        "--top-k",
-        "5",
-    )[1]
-    assert again == out  # the seed makes it reproducible
+    assert run(capsys, *argv)[1] == out  # the seed makes it reproducible
     assert_usage_error(capsys, ["sample", "--out", str(trained), "--prompt", "Ωmega"], "sample", "'Ω'")
 
 

@@ -10,6 +10,7 @@ import clifford
 import numpy as np
 import pytest
 import torch
+from conftest import random_o3_versor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
@@ -54,18 +55,6 @@ def _conditioned_qkv(ga, head_type, seed, margin=0.005, **kw):
         if head_type not in ("rotation", "reflection") or (1 - dots.abs()).min() > margin:
             return q, k, v
     raise AssertionError("no well-conditioned inputs found")
-
-
-def _random_versor(ga, n_vectors, dtype, seed):
-    """A product of random Euclidean vectors (no e0): odd → contains a reflection; O(3) elements."""
-    g = torch.Generator().manual_seed(seed)
-    versor = None
-    for _ in range(n_vectors):
-        coords = torch.zeros(ga.n, dtype=dtype)
-        coords[ga.r :] = torch.randn(ga.p, generator=g, dtype=dtype)
-        vec = ga.vector(coords)
-        versor = vec if versor is None else ga.geometric_product(versor, vec)
-    return versor
 
 
 def _rel(x, y):
@@ -255,7 +244,7 @@ def test_equivariance_under_rotations_and_reflections(ga, head_type, dtype, tol)
     q, k, v = _conditioned_qkv(ga, head_type, seed=5, margin=0.05, N=5, dtype=dtype)
     tol = 1e-4 if ga.r and dtype == torch.float32 else tol  # see PGA_FLOAT32_TOL in test_rotor_layers.py
     for n_vectors, backend in itertools.product((1, 2, 3), ("auto", "reference")):
-        g = ga.versor_matrix(_random_versor(ga, n_vectors, dtype, seed=n_vectors))
+        g = ga.versor_matrix(random_o3_versor(ga, n_vectors, dtype, seed=n_vectors))
         act = lambda x, g=g: x @ g.transpose(-1, -2)  # noqa: E731
         moved = rotor_attention(act(q), act(k), act(v), algebra=ga, head_type=head_type, backend=backend)
         expected = act(rotor_attention(q, k, v, algebra=ga, head_type=head_type, backend=backend))

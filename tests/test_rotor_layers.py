@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import random_o3_versor
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.rotation import rotate_pairs
@@ -32,18 +33,6 @@ TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 PGA_FLOAT32_TOL = 1e-4
 
 
-def _versor_action(ga, n_vectors, dtype, seed):
-    """``(dim, dim)`` matrix of a product of 1–3 random Euclidean vectors (odd: includes a reflection)."""
-    g = torch.Generator().manual_seed(seed)
-    versor = None
-    for _ in range(n_vectors):
-        coords = torch.zeros(ga.n, dtype=dtype)
-        coords[ga.r :] = torch.randn(ga.p, generator=g, dtype=dtype)
-        vec = ga.vector(coords)
-        versor = vec if versor is None else ga.geometric_product(versor, vec)
-    return ga.versor_matrix(versor)
-
-
 def _translation_action(ga, dtype, seed):
     """PGA translator ``1 + e0 t / 2`` (t a random Euclidean vector) as a ``(dim, dim)`` matrix."""
     t = torch.randn(3, generator=torch.Generator().manual_seed(seed), dtype=dtype)
@@ -57,7 +46,7 @@ def _rel(x, y):
 
 
 def _actions(ga, dtype):
-    acts = [_versor_action(ga, n, dtype, seed=10 + n) for n in (1, 2, 3)]
+    acts = [ga.versor_matrix(random_o3_versor(ga, n, dtype, seed=10 + n)) for n in (1, 2, 3)]
     return acts + ([_translation_action(ga, dtype, seed=7)] if ga.r else [])
 
 
@@ -137,7 +126,7 @@ def test_embedding_is_equivariant_and_typed():
     out = emb(s, v, bv)
     assert out.shape == (4, 5, 8) and out[..., 7].abs().max() == 0
     for n in (1, 2, 3):
-        act = _versor_action(CL3, n, torch.float64, seed=n)
+        act = CL3.versor_matrix(random_o3_versor(CL3, n, torch.float64, seed=n))
         moved_v = CL3.vector_part(CL3.vector(v) @ act.T)
         moved_b = (CL3.vector(v).new_zeros(4, 1, 8).index_copy(-1, torch.tensor([4, 5, 6]), bv) @ act.T)[
             ..., 4:7
