@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
+import time
 from pathlib import Path
 
 from geoattn.bench import BENCHMARKS
-from geoattn.tasks.data import DownloadError
+from geoattn.errors import ConfigError, UserError
+from geoattn.formatting import format_table
 
 
-class UsageError(Exception):
-    """A problem with what the user asked for: printed as one line, exit code 2."""
+class UsageError(ConfigError):
+    """A command-line request that cannot be met (a flag combination, a missing device)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,99 +37,96 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------------------------------- train ----
-RUN_FILES = ("config.json", "model.safetensors", "trainer_state.pt", "metrics.jsonl")
-RUN_PLOTS = ("loss.png", "attention.png", "precision.png")
-TRAIN_FLAGS = {  # flag -> (TrainConfig field, type, help)
-    "--task": ("task", str, "lm | filter | nbody"),
-    "--model": ("model", str, "transformer | rt | rfa | ngpt | rotor (which ones a task supports varies)"),
-    "--data": ("data", str, "lm: a UTF-8 text file or a dataset name (see `geoattn data list`)"),
-    "--max-iters": ("max_iters", int, "optimiser steps"),
-    "--eval-interval": ("eval_interval", int, "evaluate and checkpoint every N steps (and at the last)"),
-    "--eval-iters": ("eval_iters", int, "batches per split per evaluation"),
-    "--batch-size": ("batch_size", int, "global batch (split across DDP ranks)"),
-    "--block-size": ("block_size", int, "context / sequence length"),
-    "--n-layer": ("n_layer", int, "layers"),
-    "--n-head": ("n_head", int, "attention heads"),
-    "--n-embd": ("n_embd", int, "model width"),
-    "--dropout": ("dropout", float, "dropout probability"),
-    "--lr": ("lr", float, "peak learning rate"),
-    "--min-lr": ("min_lr", float, "learning rate at the end of the cosine decay"),
-    "--warmup-iters": ("warmup_iters", int, "linear warmup steps"),
-    "--weight-decay": (
-        "weight_decay",
-        float,
-        "AdamW weight decay (matrices only unless the model says otherwise)",
-    ),
-    "--seed": ("seed", int, "seed for initialisation and data"),
-    "--device": ("device", str, "cpu | cuda"),
-    "--dtype": ("dtype", str, "float32 | bfloat16 (autocast)"),
-}
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def train_flags() -> dict[str, dataclasses.Field]:
+    """One command-line flag per TrainConfig field (its help is the field's), but for the option
+    tables (``--set``), ``out`` and ``plots`` (their own flags)."""
+    from geoattn.training.config import FIELDS
+
+    return {_flag(name): f for name, f in FIELDS.items() if f.metadata.get("flag", True)}
+
+
+def _flag_type(field: dataclasses.Field):
+    from geoattn.training.config import coerce
+
+    return lambda text: coerce(field.name, text)
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
+    from geoattn.tasks import TASKS
+
     p = sub.add_parser(
         "train",
         help="train a model on a task (DDP under torchrun)",
         description="Train a model on a task. Settings: defaults < --config TOML < --set < flags; "
-        "with --resume the run's saved config replaces the defaults.",
+        "with --resume the run's saved config replaces the defaults. Tasks: "
+        + ", ".join(TASKS)
+        + ". `geoattn train --task T --model M --list-settings` lists every task.* and model.* key.",
     )
-    p.add_argument("--out", required=True, help="run directory (metrics, checkpoints, plots)")
-    for flag, (field, kind, text) in TRAIN_FLAGS.items():
-        p.add_argument(flag, dest=field, type=kind, default=None, help=text)
+    p.add_argument("--out", help="run directory (metrics, checkpoints, plots)")
+    for flag, field in train_flags().items():
+        p.add_argument(
+            flag, dest=field.name, type=_flag_type(field), default=None, help=field.metadata["help"]
+        )
     p.add_argument("--config", help="TOML file with TrainConfig fields (sections only group keys)")
     p.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override any field, or model.KEY / task.KEY options (repeatable)",
+        help="override any field, or model.KEY / task.KEY settings (repeatable; see --list-settings)",
     )
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out exactly")
     p.add_argument("--force", action="store_true", help="overwrite the run files in a non-empty --out")
     p.add_argument("--no-plots", dest="plots", action="store_false", default=None, help="skip the PNG plots")
+    p.add_argument(
+        "--list-settings",
+        action="store_true",
+        help="list the task's models and every task.* / model.* setting of --task and --model, then exit",
+    )
     p.set_defaults(func=cmd_train)
-
-
-def _prepare_out(out: Path, resume: bool, force: bool, delete: bool = True) -> None:
-    from geoattn.training.checkpoint import has_checkpoint
-
-    if resume:
-        if not has_checkpoint(out):
-            raise UsageError(f"--resume: no checkpoint in {out} (train without --resume first)")
-        return
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise UsageError(
-                f"--out {out} is not empty; pass --resume to continue that run or --force to overwrite it"
-            )
-        for name in RUN_FILES + RUN_PLOTS if delete else ():  # only what a run writes: other files stay
-            (out / name).unlink(missing_ok=True)
 
 
 def train_config_from_args(args: argparse.Namespace):
     """The TrainConfig of ``geoattn train`` (saved config, TOML, --set and flags layered)."""
-    from geoattn.training import checkpoint as ckpt
     from geoattn.training.config import load_toml, merge, parse_set
+    from geoattn.training.run_dir import RunDirectory
 
-    out = Path(args.out)
-    base = ckpt.read_config(out)["train"] if args.resume else {}
+    base = RunDirectory(args.out).read_config()["train"] if args.resume else {}
     toml = load_toml(args.config) if args.config else {}
     sets = parse_set(args.set)
     flags = {
-        field: getattr(args, field)
-        for field, _, _ in TRAIN_FLAGS.values()
-        if getattr(args, field) is not None
+        f.name: getattr(args, f.name) for f in train_flags().values() if getattr(args, f.name) is not None
     }
     if args.plots is not None:
         flags["plots"] = args.plots
-    return merge(base, toml, sets, flags, {"out": str(out)})
+    out = {"out": str(args.out)} if args.out else {}
+    return merge(base, toml, sets, flags, out)
+
+
+def cmd_list_settings(args: argparse.Namespace) -> int:
+    from geoattn.tasks import task_class
+
+    config = train_config_from_args(args)
+    task = task_class(config.task)
+    print(f"task {task.name}: {task.description}")
+    print(format_table(["--model", "what"], [[name, text] for name, text in task.models.items()]))
+    model = config.model if config.model in task.models else None
+    print(f"\nsettings (--set KEY=VALUE){'' if model else ' (pick --model to see its model.* keys)'}:")
+    print(format_table(["key", "type", "default", "what"], task.settings_table(model)))
+    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from geoattn.training import distributed
 
+    if args.list_settings:
+        return cmd_list_settings(args)
+    if not args.out:
+        raise UsageError("--out is required (the run directory)")
     env = distributed.from_environment()
     try:
         code = _train(args, env)
@@ -136,7 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         # Under torchrun every rank reports and leaves the group cleanly, so no rank hangs.
         if env.is_main:
             print(f"geoattn train: error: {err}", file=sys.stderr)
-        distributed.teardown_and_exit(2 if isinstance(err, (UsageError, ValueError, DownloadError)) else 1)
+        distributed.teardown_and_exit(2 if isinstance(err, UserError) else 1)
     if env.enabled:
         distributed.teardown_and_exit(code)
     return code
@@ -147,88 +147,61 @@ def _train(args: argparse.Namespace, env) -> int:
 
     from geoattn.tasks import get_task
     from geoattn.training import distributed
-    from geoattn.training.checkpoint import read_config
+    from geoattn.training.run_dir import RunDirectory
     from geoattn.training.trainer import Trainer
 
-    out = Path(args.out)
-    _prepare_out(out, args.resume, args.force, delete=env.is_main)
+    run = RunDirectory(args.out)
+    run.prepare(resume=args.resume, force=args.force, clear=env.is_main)
     config = train_config_from_args(args)
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available")
-    meta = read_config(out)["task"] if args.resume else None
-    task = get_task(
-        config.task,
-        data=config.data,
-        block_size=config.block_size,
-        options=config.task_options,
-        meta=meta if config.task == "lm" else None,
-    )
-    if config.model not in task.models:
-        raise UsageError(
-            f"the {config.task} task supports models {', '.join(task.models)}, not {config.model!r}"
-        )
+    task = get_task(config, meta=run.read_config()["task"] if args.resume else None)
+    task.check_model(config.model)
     device = distributed.init(env, config.device)
-    trainer = Trainer(config, task, out, env=env, device=device)
+    trainer = Trainer(config, task, run.path, env=env, device=device)
     if args.resume:
         trainer.resume()
     if env.is_main:
-        n_params = sum(p.numel() for p in trainer.model.parameters())
         start = f"resuming at iter {trainer.iter}" if args.resume else "from scratch"
         print(
-            f"{config.model} on {config.task}: {n_params / 1e6:.3f} M parameters, {start} to "
-            f"{config.max_iters} iters, batch {config.batch_size} on {env.world_size} x {device}, out {out}",
+            f"{config.model} on {config.task}: {trainer.model.num_params() / 1e6:.3f} M parameters, {start} "
+            f"to {config.max_iters} iters, batch {config.batch_size} on {env.world_size} x {device}, "
+            f"out {run.path}",
             file=sys.stderr,
         )
     result = trainer.train()
     if env.is_main:
-        _report(trainer, result)
+        report = run.report(result, [run.file(name) for name in result.get("plots", [])])
+        print(report, file=sys.stderr if result["interrupted"] else sys.stdout)
     trainer.ddp = None  # drop the DDP wrapper before the process group goes (teardown_and_exit)
     return 130 if result["interrupted"] else 0
-
-
-def _report(trainer, result: dict) -> None:
-    from geoattn.training.plots import make_plots
-
-    out = trainer.out
-    if result["interrupted"]:
-        print(
-            f"interrupted at iter {result['iter']}: checkpoint saved in {out}; "
-            f"continue with: geoattn train --out {out} --resume",
-            file=sys.stderr,
-        )
-        return
-    written = []
-    if trainer.config.plots:
-        import torch
-
-        x, _ = trainer.task.get_batch("val", 1, torch.Generator().manual_seed(0), trainer.device)
-        written = [p.name for p in make_plots(out, trainer.model, x)]
-    val = result.get("val_loss")
-    summary = f"iter {result['iter']}  val loss {val:.4f}" if val is not None else f"iter {result['iter']}"
-    extras = "  ".join(f"{k} {v:.4g}" for k, v in result.items() if k.startswith("val_") and k != "val_loss")
-    print(f"{summary}  {extras}  ({result['wall_s']:.1f} s)".replace("    ", "  "))
-    print(f"wrote {out}/: config.json model.safetensors trainer_state.pt metrics.jsonl {' '.join(written)}")
 
 
 # ----------------------------------------------------------------------------------- eval/sample ----
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval",
-        help="evaluate a trained run (lm: length extrapolation table)",
-        description="Evaluate the checkpoint in --out. For lm: val loss at 1x, 2x, 4x "
-        "and 8x the training context.",
+        help="evaluate a trained run (its task's table: lm length extrapolation, nbody sets, filter bounds)",
+        description="Evaluate the checkpoint in --out with its task's table. Each row says what it was "
+        "measured on: a full set (lm: the whole validation split in non-overlapping windows, at 1x to "
+        "16x the training context; nbody: the whole eval / E(3) / object sets) or a batch estimate.",
     )
     p.add_argument("--out", required=True, help="run directory written by geoattn train")
-    p.add_argument("--eval-iters", type=int, default=None, help="batches per row (default: the run's)")
+    p.add_argument("--eval-iters", type=int, default=None, help="batches per estimate (default: the run's)")
     p.add_argument("--batch-size", type=int, default=None, help="batch size (default: the run's)")
-    p.add_argument("--data", default=None, help="evaluate on this text instead of the run's data (lm)")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="evaluate on other data than the run's: lm a text file (same vocabulary); "
+        "nbody a directory of GATr's files",
+    )
     p.add_argument("--device", default=None, help="cpu | cuda (default: the run's)")
     p.set_defaults(func=cmd_eval)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from geoattn.bench.common import format_table
-    from geoattn.training.evaluate import evaluate_run, length_extrapolation, load_run
+    from geoattn.formatting import significant
+    from geoattn.training.evaluate import evaluation_rows, load_run
 
     run = load_run(
         Path(args.out),
@@ -237,17 +210,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         eval_iters=args.eval_iters,
     )
-    if run.config.task == "lm":
-        rows = length_extrapolation(run)
-        print(
-            f"{run.config.model} on {run.task.data}: val loss (nats/char) by context length, "
-            f"{run.config.eval_iters} batches of {run.config.batch_size}"
-        )
-        rows = [[T, k, f"{v:.4f}" if isinstance(v, float) else v] for T, k, v in rows]
-        print(format_table(["context", "× training", "val loss"], rows))
-        return 0
-    results = evaluate_run(run)
-    print(format_table(["metric", "value"], sorted(results.items())))
+    t0 = time.perf_counter()
+    rows = evaluation_rows(run)
+    wall = time.perf_counter() - t0
+    summary = run.directory.read_summary()
+    trained = f", trained {summary['iter']} iters in {summary['wall_s']:.0f} s" if summary else ""
+    print(
+        f"{run.config.model} on {run.config.task} ({run.out}): "
+        f"{run.model.num_params():,} parameters{trained}; evaluated in {wall:.1f} s"
+    )
+    table = [
+        [r.metric, significant(r.value) if isinstance(r.value, float) else r.value, r.over] for r in rows
+    ]
+    print(format_table(["metric", "value", "measured on"], table))
     return 0
 
 
@@ -264,22 +239,23 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    import torch
-
     from geoattn.training.evaluate import load_run
 
     if args.max_new_tokens < 0 or args.temperature <= 0 or (args.top_k is not None and args.top_k < 1):
         raise UsageError("need --max-new-tokens >= 0, --temperature > 0 and --top-k >= 1")
     if not args.prompt:
         raise UsageError("--prompt must not be empty")
-    run = load_run(Path(args.out), device=args.device, need_data=False)
-    if run.config.task != "lm":
-        raise UsageError(f"sample needs an lm run; {args.out} is a {run.config.task} run")
-    idx = run.task.encode(args.prompt)[None].to(run.device)  # (1, T)
-    torch.manual_seed(args.seed)
-    with torch.no_grad():
-        ids = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k)
-    print(run.task.decode(ids[0]))
+    run = load_run(Path(args.out), device=args.device, load_data=False)
+    text = run.task.sample(
+        run.model,
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=args.seed,
+        device=run.device,
+    )
+    print(text)
     return 0
 
 
@@ -297,8 +273,7 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_data_list(args: argparse.Namespace) -> int:
-    from geoattn.bench.common import format_table
-    from geoattn.tasks.data import DATASETS, cache_dir, cached_path
+    from geoattn.tasks.lm.datasets import DATASETS, cache_dir, cached_path
 
     rows = [
         [d.name, f"{d.size:,}", "yes" if cached_path(d.name).exists() else "no", d.description]
@@ -310,7 +285,7 @@ def cmd_data_list(args: argparse.Namespace) -> int:
 
 
 def cmd_data_download(args: argparse.Namespace) -> int:
-    from geoattn.tasks.data import download
+    from geoattn.tasks.lm.datasets import download
 
     print(download(args.name, force=args.force))
     return 0
@@ -345,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (UsageError, ValueError, FileNotFoundError, DownloadError) as err:
+    except UserError as err:  # anything else is a bug and keeps its traceback
         print(f"geoattn {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from geoattn.errors import ConfigError
+
 DEFAULT_OUT = "runs/quickstart"
 MARKER = ".geoattn-quickstart"  # quickstart owns (and overwrites) only folders that carry this file
 FILTER_MODELS = ("rt", "transformer")
@@ -32,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _claim(out: Path) -> None:
     """Make ``out`` quickstart's folder: refuse a non-empty folder that quickstart did not create."""
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).exists())):
-        raise ValueError(f"{out} exists and was not written by quickstart; pass --out NEW_FOLDER")
+        raise ConfigError(f"{out} exists and was not written by quickstart; pass --out NEW_FOLDER")
     if out.exists():
         import shutil
 
@@ -71,28 +73,23 @@ def _blades(algebra, x) -> str:
 
 def _train(task, model: str, out: Path, device: str, **fields):
     """Train ``model`` on ``task`` quietly into ``out`` (with plots); returns the trainer and its result."""
-    import torch
-
     from geoattn.training.config import TrainConfig
-    from geoattn.training.plots import make_plots
     from geoattn.training.trainer import Trainer
 
     config = TrainConfig(task=task.name, model=model, out=str(out), device=device, **fields)
     trainer = Trainer(config, task, out, verbose=False)
-    result = trainer.train()
-    x, _ = task.get_batch("val", 1, torch.Generator().manual_seed(0), trainer.device)
-    make_plots(out, trainer.model, x)
-    return trainer, result
+    return trainer, trainer.train()  # writes the plots too
 
 
 def filter_comparison(out: Path, iters: int, device: str) -> None:
     """rt and transformer against the reference filters, all on the same 256 validation sequences."""
     import torch
 
-    from geoattn.bench.common import format_table
+    from geoattn.formatting import format_table
     from geoattn.tasks import get_task
+    from geoattn.training.config import TrainConfig
 
-    task = get_task("filter", block_size=FILTER_SEQ_LEN)
+    task = get_task(TrainConfig(task="filter", block_size=FILTER_SEQ_LEN))
     c = task.config
     print(f"\n2. The filter task: estimate a direction drifting on the sphere in R^{c.dim} from {c.seq_len}")
     print(f"   noisy measurements whose magnitude is their confidence; rt vs transformer, {iters} steps each")
@@ -152,10 +149,11 @@ BASELINE_NAMES = {
 
 
 def lm_comparison(out: Path, data: str, iters: int, device: str) -> None:
-    from geoattn.bench.common import format_table
+    from geoattn.formatting import format_table
     from geoattn.tasks import get_task
+    from geoattn.training.config import TrainConfig
 
-    task = get_task("lm", data=data, block_size=64)
+    task = get_task(TrainConfig(task="lm", data=data, block_size=64))
     print(f"\n3. Character LM on {data}: rt vs transformer, {iters} steps each (2 layers x 64, context 64)")
     rows = []
     for model in FILTER_MODELS:

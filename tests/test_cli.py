@@ -12,7 +12,7 @@ import pytest
 from conftest import SHAKESPEARE, tiny_lm_args
 
 from geoattn.cli import build_parser, main
-from geoattn.tasks import data as registry
+from geoattn.tasks.lm import datasets as registry
 
 TINY = tiny_lm_args(6, 3)
 
@@ -108,12 +108,13 @@ def test_toml_then_set_then_flags(tmp_path, capsys):
 def test_eval_prints_the_length_extrapolation_table(trained, capsys):
     code, out, _ = run(capsys, "eval", "--out", str(trained), "--eval-iters", "1")
     assert code == 0
-    rows = [
-        line for line in out.splitlines() if line.startswith("| ") and "×" in line and "context" not in line
-    ]
-    assert [row.split("|")[1].strip() for row in rows] == ["16", "32", "64", "128"]
-    losses = [float(row.split("|")[3]) for row in rows]  # RoPE: every length runs
+    rows = [line for line in out.splitlines() if line.startswith("| val_loss @")]
+    contexts = [row.split("|")[1].split("@")[1].split("(")[0].strip() for row in rows]
+    assert contexts == ["16", "32", "64", "128", "256"]
+    assert all("full val split" in row for row in rows)
+    losses = [float(row.split("|")[2]) for row in rows]  # RoPE: every length runs
     assert all(0 < loss < 10 for loss in losses)
+    assert "parameters" in out.splitlines()[0]
 
 
 def test_eval_reports_what_learned_positions_cannot_do(tmp_path, capsys):
@@ -122,8 +123,8 @@ def test_eval_reports_what_learned_positions_cannot_do(tmp_path, capsys):
     capsys.readouterr()
     code, text, _ = run(capsys, "eval", "--out", str(out), "--eval-iters", "1")
     assert code == 0
-    rows = [line for line in text.splitlines() if "×" in line and "context" not in line]
-    assert float(rows[0].split("|")[3]) > 0
+    rows = [line for line in text.splitlines() if line.startswith("| val_loss @")]
+    assert float(rows[0].split("|")[2]) > 0
     assert all("n/a" in row for row in rows[1:])
 
 
@@ -184,7 +185,7 @@ def test_bad_data_files(tmp_path, capsys, content, fragment):
         (["--model", "gpt5"], ["supports models transformer, rt, rfa, ngpt", "'gpt5'"]),
         (["--model", "rotor"], ["lm task supports models", "'rotor'"]),
         (["--set", "lerning_rate=1"], ["unknown config key 'lerning_rate'", "valid keys:", "max_iters"]),
-        (["--set", "model.widht=3"], ["unknown model option(s) widht", "valid:"]),
+        (["--set", "model.widht=3"], ["unknown model setting(s) widht", "valid:"]),
         (["--max-iters", "0"], ["max_iters must be >= 1"]),
     ],
 )
@@ -196,7 +197,7 @@ def test_bad_settings(tmp_path, capsys, flags, fragments):
     "flags, fragments",
     [
         (["--model", "rotor"], ["filter task supports models transformer, rt, rfa, ngpt", "'rotor'"]),
-        (["--set", "task.sigma=1"], ["unknown filter task option(s) sigma", "valid:", "sigma_t"]),
+        (["--set", "task.sigma=1"], ["unknown task setting(s) sigma", "valid:", "sigma_t"]),
         (["--data", str(SHAKESPEARE)], ["the filter task generates its data; it takes no --data"]),
     ],
 )

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from geoattn.algebra.rotation import rotate_pairs
-from geoattn.tasks import estimators
-from geoattn.tasks.filter import FilterConfig, FilterTask, simulate
+from geoattn.tasks.filter import FilterConfig, FilterTask, estimators, simulate
+from geoattn.training.config import TrainConfig
 
 MODELS = ("transformer", "rt", "rfa", "ngpt")
 
@@ -20,9 +19,9 @@ def task() -> FilterTask:
     return FilterTask(FilterConfig(val_size=128, n_particles=500))
 
 
-def tiny(**options) -> SimpleNamespace:
-    """The trainer-config fields the task reads."""
-    return SimpleNamespace(n_layer=1, n_head=2, n_embd=16, dropout=0.0, model_options=options)
+def tiny(**options) -> TrainConfig:
+    """A small run config; ``options`` are its ``model.*`` settings."""
+    return TrainConfig(task="filter", n_layer=1, n_head=2, n_embd=16, dropout=0.0, model_options=options)
 
 
 def test_simulated_sequences_have_the_stated_properties(task):
@@ -189,7 +188,7 @@ def test_bad_requests_raise(task):
         task.get_batch("test", 2, torch.Generator())
     with pytest.raises(ValueError, match="transformer, rt, rfa, ngpt"):
         task.build_model("rotor", tiny())
-    with pytest.raises(ValueError, match="unknown model option"):
+    with pytest.raises(ValueError, match="unknown model setting"):
         task.build_model("transformer", tiny(not_a_field=1))
     model = task.build_model("transformer", tiny())
     with pytest.raises(ValueError, match=r"\(B, T, D \+ 1\)"):
@@ -243,7 +242,7 @@ def test_a_short_training_run_beats_the_uniform_mean(task):
     train = simulate(task.config, 512, generator)
     x_train = torch.cat((train.z, train.times[..., None]), dim=-1).float()
     y_train = train.directions.float()
-    model = task.build_model("transformer", SimpleNamespace(n_layer=1, n_head=2, n_embd=32, model_options={}))
+    model = task.build_model("transformer", TrainConfig(task="filter", n_layer=1, n_head=2, n_embd=32))
     optimizer = torch.optim.AdamW(model.optim_groups(0.0), lr=3e-3)
     for _ in range(120):
         index = torch.randint(512, (32,), generator=generator)

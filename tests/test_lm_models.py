@@ -8,8 +8,9 @@ import pytest
 import torch
 from conftest import SHAKESPEARE as DATA
 
-from geoattn.layers.transformer import merge_heads, split_heads
-from geoattn.models.lm import MODELS, LMConfig, build_backbone, build_lm
+from geoattn.layers.common import merge_heads, split_heads
+from geoattn.models.lm import LM_MODELS as MODELS
+from geoattn.models.lm import LMConfig, build_backbone, build_lm
 
 SMALL = dict(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32)
 VARIANTS = [(name, {}) for name in MODELS] + [("transformer", {"mlp": "gelu", "pos": "learned"})]
@@ -125,9 +126,11 @@ def test_optim_groups_and_weight_normalisation(name):
     assert sorted(grouped) == sorted(id(p) for p in model.parameters())  # each parameter exactly once
     decayed = [p for g in groups if g["weight_decay"] > 0 for p in g["params"]]
     sphere = name in ("rt", "ngpt")
-    assert hasattr(model, "normalize_weights") == sphere
     if not sphere:
         assert decayed and all(p.dim() >= 2 for p in decayed)
+        before = [p.clone() for p in model.parameters()]
+        model.normalize_weights()  # pre-norm models: nothing to renormalise
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
         return
     assert not decayed  # nGPT: no weight decay, weights are renormalised instead
     with torch.no_grad():
@@ -216,7 +219,7 @@ def _train(name: str, steps: int, lr: float) -> float:
 
     torch.manual_seed(0)
     model = build_lm(name, LMConfig(vocab_size=len(chars), block_size=ctx, n_layer=2, n_head=2, n_embd=64))
-    sphere = hasattr(model, "normalize_weights")
+    sphere = model.sphere
     opt = torch.optim.AdamW(model.optim_groups(0.0 if sphere else 0.1), lr=lr, betas=(0.9, 0.99))
     for step in range(steps):
         for group in opt.param_groups:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from geoattn.tasks.nbody import (
     save_gatr_format,
     simulate_systems,
 )
+from geoattn.training.config import TrainConfig
 
 SMALL = {"train_size": 64, "val_size": 200, "eval_size": 48, "e3_size": 32, "object_size": 24}
 
@@ -31,8 +31,9 @@ def task() -> NBodyTask:
     return NBodyTask(NBodyConfig(**SMALL))
 
 
-def sizes(**options) -> SimpleNamespace:
-    return SimpleNamespace(n_layer=1, n_head=4, n_embd=32, dropout=0.0, model_options=options)
+def sizes(**options) -> TrainConfig:
+    """A small run config; ``options`` are its ``model.*`` settings."""
+    return TrainConfig(task="nbody", n_layer=1, n_head=4, n_embd=32, dropout=0.0, model_options=options)
 
 
 def energy(m, x, v):
@@ -217,7 +218,7 @@ def test_bad_requests_raise(task):
         task.get_batch("test", 2, torch.Generator())
     with pytest.raises(ValueError, match="transformer, rotor"):
         task.build_model("rt", sizes())
-    with pytest.raises(ValueError, match="unknown rotor model option"):
+    with pytest.raises(ValueError, match="unknown model setting"):
         task.build_model("rotor", sizes(in_channels=4))
     with pytest.raises(ValueError, match=r"\(B, n, 7\)"):
         task.build_model("transformer", sizes())(torch.zeros(2, 4, 6))
@@ -265,7 +266,7 @@ def test_transformer_is_translation_and_permutation_equivariant_but_not_rotation
 
 def test_evaluate_sets_and_a_short_training_run(task):
     torch.manual_seed(0)
-    model = task.build_model("transformer", SimpleNamespace(n_layer=2, n_head=4, n_embd=64, model_options={}))
+    model = task.build_model("transformer", TrainConfig(task="nbody", n_layer=2, n_head=4, n_embd=64))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(0)
     for _ in range(150):

@@ -14,8 +14,8 @@ from conftest import random_o3_versor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention import rotor as rotor_module
-from geoattn.attention.rotor import rotor_attention
+from geoattn.attention import rotor_kernel as rotor_module
+from geoattn.attention.rotor_kernel import rotor_attention
 from geoattn.cli import main as cli_main
 
 CL3, CL2, PGA = CliffordAlgebra(3), CliffordAlgebra(2), CliffordAlgebra(3, 0, 1)

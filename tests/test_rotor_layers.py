@@ -11,7 +11,7 @@ from conftest import random_o3_versor
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.rotation import rotate_pairs
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm, MultivectorEmbedding
-from geoattn.layers.rotor import RotorAttention, RotorPositionalEncoding
+from geoattn.layers.rotor_block import RotorAttention, RotorPositionalEncoding
 from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig, center
 
 CL3, PGA, CL2 = CliffordAlgebra(3), CliffordAlgebra(3, 0, 1), CliffordAlgebra(2)

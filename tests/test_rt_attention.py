@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import geoattn.attention.blockwise as blockwise
-import geoattn.attention.rt as rt
+import geoattn.attention.rt_kernel as rt
 from geoattn.algebra.rotation import rope_frequencies
-from geoattn.attention.rt import rt_attention
+from geoattn.attention.rt_kernel import rt_attention
 
 F64 = torch.float64
 REGIMES = ("separable", "tied", "general")

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from geoattn.algebra.rotation import rotate_pairs
-from geoattn.attention.rfa import rfa_attention
-from geoattn.layers.rt import RFAAttention, RTAttention, RTBlock
-from geoattn.layers.transformer import sphere_step, tangent_part
+from geoattn.attention.rfa_kernel import rfa_attention
+from geoattn.layers.robust_filter import RFAAttention
+from geoattn.layers.rt_block import RTAttention, RTBlock
+from geoattn.layers.sphere import sphere_step, tangent_part
 
 C, H = 32, 4
 

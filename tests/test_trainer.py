@@ -13,11 +13,13 @@ import torch
 from conftest import SHAKESPEARE
 from torch import nn
 
+from geoattn.errors import CheckpointError
+from geoattn.models.base import decay_groups
 from geoattn.tasks.lm import LMTask
-from geoattn.training import checkpoint as ckpt
+from geoattn.training import run_dir
 from geoattn.training.config import TrainConfig
-from geoattn.training.plots import make_plots
-from geoattn.training.trainer import Trainer, cosine_lr, optimizer_groups
+from geoattn.training.run_dir import RunDirectory
+from geoattn.training.trainer import Trainer, scheduled_lr
 
 
 @pytest.fixture(scope="module")
@@ -49,23 +51,35 @@ def tiny(out: Path, **fields) -> TrainConfig:
 
 
 def records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / ckpt.METRICS_FILE).read_text().splitlines()]
+    return [json.loads(line) for line in (out / RunDirectory.METRICS).read_text().splitlines()]
 
 
 def test_schedule_warms_up_linearly_then_follows_a_cosine_to_min_lr():
     config = TrainConfig(lr=1.0, min_lr=0.1, warmup_iters=10, max_iters=110)
-    assert [cosine_lr(i, config) for i in range(3)] == pytest.approx([1 / 11, 2 / 11, 3 / 11])
-    assert cosine_lr(10, config) == pytest.approx(1.0)
-    assert cosine_lr(60, config) == pytest.approx(0.55)  # half way: the mean of lr and min_lr
-    assert cosine_lr(35, config) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi / 4)))
-    assert cosine_lr(110, config) == cosine_lr(500, config) == pytest.approx(0.1)
-    decay = [cosine_lr(i, config) for i in range(10, 111)]
+    assert [scheduled_lr(i, config) for i in range(3)] == pytest.approx([1 / 11, 2 / 11, 3 / 11])
+    assert scheduled_lr(10, config) == pytest.approx(1.0)
+    assert scheduled_lr(60, config) == pytest.approx(0.55)  # half way: the mean of lr and min_lr
+    assert scheduled_lr(35, config) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi / 4)))
+    assert scheduled_lr(110, config) == scheduled_lr(500, config) == pytest.approx(0.1)
+    decay = [scheduled_lr(i, config) for i in range(10, 111)]
     assert all(a >= b for a, b in zip(decay, decay[1:]))
+
+
+def test_exponential_schedule_and_a_min_lr_relative_to_lr():
+    gatr = TrainConfig(lr=3e-4, lr_schedule="exponential", warmup_iters=0, max_iters=2000)
+    assert gatr.final_lr == pytest.approx(3e-6)  # GATr: decay to x0.01
+    assert scheduled_lr(1000, gatr) == pytest.approx(3e-4 * 0.01**0.5)
+    assert scheduled_lr(2000, gatr) == pytest.approx(3e-6)
+    # lr below the old fixed min_lr default no longer fails; cosine decays to lr/10 unless told
+    low = TrainConfig(lr=5e-5)
+    assert low.final_lr == pytest.approx(5e-6) and scheduled_lr(5000, low) == pytest.approx(5e-6)
+    with pytest.raises(ValueError, match="min_lr <= lr"):
+        TrainConfig(lr=1e-4, min_lr=1e-3)
 
 
 def test_weight_decay_falls_back_to_matrices_only():
     model = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4))
-    decayed, plain = optimizer_groups(model, 0.1)
+    decayed, plain = decay_groups(model, 0.1)
     assert {p.dim() for p in decayed["params"]} == {2} and decayed["weight_decay"] == 0.1
     assert {p.dim() for p in plain["params"]} == {1} and plain["weight_decay"] == 0.0
     assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
@@ -82,13 +96,13 @@ def test_metrics_config_and_checkpoint_files(task, tmp_path):
         assert {"iter", "train_loss", "val_loss", "lr", "tokens_per_s"} <= r.keys()
         assert r["tokens_per_s"] > 0 and math.isfinite(r["train_loss"])
     assert lines[-1]["val_loss"] == result["val_loss"] and result["iter"] == 12
-    files = ["config.json", "metrics.jsonl", "model.safetensors", "trainer_state.pt"]
+    files = ["config.json", "metrics.jsonl", "model.safetensors", "summary.json", "trainer_state.pt"]
     assert sorted(p.name for p in out.iterdir()) == files
     config = json.loads((out / "config.json").read_text())
     assert config["train"]["n_embd"] == 32 and config["train"]["max_iters"] == 12
     assert config["task"]["vocab"] == task.vocab
     assert config["model"]["n_embd"] == 32 and config["model"]["vocab_size"] == 65
-    assert ckpt.load_trainer_state(out)["iter"] == 12
+    assert RunDirectory(out).load_trainer_state()["iter"] == 12
 
 
 def test_evaluation_uses_the_same_batches_every_time(task, tmp_path):
@@ -140,7 +154,7 @@ def test_ctrl_c_saves_and_resume_continues_exactly(task, tmp_path, monkeypatch, 
     # SIGINT stops after finishing step 8; an exception inside step 8 rewinds to step 7
     stopped = 8 if how == "sigint" else 7
     assert result["interrupted"] and result["iter"] == stopped
-    assert ckpt.load_trainer_state(part)["iter"] == stopped
+    assert RunDirectory(part).load_trainer_state()["iter"] == stopped
     assert [r["iter"] for r in records(part)][-1] == stopped
 
     resumed = Trainer(tiny(part, **config), task, part, verbose=False)
@@ -174,7 +188,7 @@ def test_resume_drops_metrics_written_after_the_checkpoint(task, tmp_path):
     out = tmp_path / "run"
     Trainer(tiny(out, max_iters=10, eval_interval=5), task, out, verbose=False).train()
     # a crash after iter 10's checkpoint but before the next: lines 11..12 must not survive a resume
-    with open(out / ckpt.METRICS_FILE, "a") as f:
+    with open(out / RunDirectory.METRICS, "a") as f:
         for i in (11, 12):
             f.write(json.dumps({"iter": i, "train_loss": 0.0, "val_loss": None, "lr": 0.0}) + "\n")
     trainer = Trainer(tiny(out, max_iters=12, eval_interval=5), task, out, verbose=False)
@@ -189,36 +203,34 @@ def test_an_inconsistent_or_truncated_checkpoint_is_refused(task, tmp_path):
     out = tmp_path / "run"
     trainer = Trainer(tiny(out, max_iters=4, eval_interval=2), task, out, verbose=False)
     trainer.train()
-    state = ckpt.load_trainer_state(out)
-    torch.save({**state, "iter": 3}, out / ckpt.STATE_FILE)
-    with pytest.raises(
-        ckpt.CheckpointError, match="inconsistent: weights at iter 4, trainer state at iter 3"
-    ):
+    state = RunDirectory(out).load_trainer_state()
+    torch.save({**state, "iter": 3}, out / RunDirectory.STATE)
+    with pytest.raises(CheckpointError, match="inconsistent: weights at iter 4, trainer state at iter 3"):
         Trainer(tiny(out, max_iters=8), task, out, verbose=False).resume()
-    data = (out / ckpt.STATE_FILE).read_bytes()
-    (out / ckpt.STATE_FILE).write_bytes(data[: len(data) // 2])
-    with pytest.raises(ckpt.CheckpointError, match="trainer_state.pt is corrupt or truncated"):
+    data = (out / RunDirectory.STATE).read_bytes()
+    (out / RunDirectory.STATE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="trainer_state.pt is corrupt or truncated"):
         Trainer(tiny(out, max_iters=8), task, out, verbose=False).resume()
 
 
 def test_checkpoints_are_written_atomically(task, tmp_path, monkeypatch):
     out = tmp_path / "run"
     Trainer(tiny(out, max_iters=2, eval_interval=2), task, out, verbose=False).train()
-    before = (out / ckpt.MODEL_FILE).read_bytes()
+    before = (out / RunDirectory.WEIGHTS).read_bytes()
 
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt.torch, "save", crash)
+    monkeypatch.setattr(run_dir.torch, "save", crash)
     trainer = Trainer(tiny(out, max_iters=4, eval_interval=2), task, out, verbose=False)
     trainer.resume()
     with pytest.raises(OSError, match="disk full"):
         trainer.train()
     # the new weights went in, the trainer state did not: no temporary files, old state intact
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
-    assert ckpt.load_trainer_state(out)["iter"] == 2
-    assert (out / ckpt.MODEL_FILE).read_bytes() != before
-    with pytest.raises(ckpt.CheckpointError, match="inconsistent"):
+    assert RunDirectory(out).load_trainer_state()["iter"] == 2
+    assert (out / RunDirectory.WEIGHTS).read_bytes() != before
+    with pytest.raises(CheckpointError, match="inconsistent"):
         Trainer(tiny(out, max_iters=4), task, out, verbose=False).resume()
 
 
@@ -240,7 +252,7 @@ def test_training_reaches_a_loss_an_untrained_model_cannot(task, tmp_path, model
     trainer = Trainer(config, task, out, verbose=False)
     assert trainer.train()["val_loss"] < 3.0
     x, _ = task.get_batch("val", 1, torch.Generator().manual_seed(0))
-    written = {p.name for p in make_plots(out, trainer.model, x)}
+    written = {p.name for p in RunDirectory(out).plot(trainer.model, x)}
     expected = {"loss.png", "attention.png"} | ({"precision.png"} if model == "rt" else set())
     assert written == expected
     for name in expected:
@@ -254,4 +266,4 @@ def test_plots_for_a_model_without_rt_layers(task, tmp_path):
     )
     trainer.train()
     x, _ = task.get_batch("val", 1, torch.Generator().manual_seed(0))
-    assert {p.name for p in make_plots(tmp_path, trainer.model, x)} == {"loss.png", "attention.png"}
+    assert {p.name for p in RunDirectory(tmp_path).plot(trainer.model, x)} == {"loss.png", "attention.png"}

@@ -23,7 +23,9 @@ import torch
 from torch import Tensor
 
 from geoattn.algebra import CliffordAlgebra
-from geoattn.bench.common import format_table, median_time, ms
+from geoattn.bench.common import median_time, ms
+from geoattn.errors import ConfigError
+from geoattn.formatting import format_table
 
 SIGNATURES = ((3, 0, 0), (3, 0, 1))
 
@@ -183,7 +185,7 @@ def measure(sig: tuple[int, int, int], n: int, repeats: int, seed: int) -> tuple
 def run(args: argparse.Namespace) -> int:
     for name in ("n", "repeats", "threads"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be ≥ 1, got {getattr(args, name)}")
+            raise ConfigError(f"--{name} must be ≥ 1, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     print(f"torch {torch.__version__}, {threads} threads, float32, n = {args.n} products a call")

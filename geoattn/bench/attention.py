@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from geoattn.algebra.rotation import rope_frequencies
-from geoattn.attention.rt import rt_attention
-from geoattn.bench.common import format_table, median_time, ms, peak_memory_bytes
+from geoattn.attention.rt_kernel import rt_attention
+from geoattn.bench.common import median_time, ms, peak_memory_bytes
+from geoattn.errors import ConfigError
+from geoattn.formatting import format_table
 
 # The reference holds ~10 (B, H, N, N) tensors through backward; above this it is skipped.
 _REFERENCE_MAX_BYTES = 2 << 30
@@ -34,12 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.head_dim % 2 or args.head_dim < 2:
-        raise ValueError(f"--head-dim must be even, got {args.head_dim}")
+        raise ConfigError(f"--head-dim must be even, got {args.head_dim}")
     if min(args.sizes) < 1 or args.heads < 1 or args.repeats < 1:
-        raise ValueError("--sizes, --heads and --repeats must be positive")
+        raise ConfigError("--sizes, --heads and --repeats must be positive")
     if args.threads is not None:
         if args.threads < 1:
-            raise ValueError(f"--threads must be positive, got {args.threads}")
+            raise ConfigError(f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
     headers = ["N", "kernel", "fwd ms", "fwd+bwd ms", "fwd / SDPA", "fwd+bwd / SDPA", "fwd+bwd peak MB"]
     rows = []

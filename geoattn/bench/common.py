@@ -10,7 +10,7 @@ import gc
 import statistics
 import time
 import tracemalloc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
@@ -90,21 +90,6 @@ def _cpu_peak_rss_growth(fn: Callable[[], object]) -> int:
         done.set()
         thread.join()
     return max(peak, _rss_bytes()) - base
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A Markdown table (readable in a terminal, pasteable into BENCHMARKS.md)."""
-    cells = [[_fmt(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
-    sep = "| " + " | ".join("-" * w for w in widths) + " |"
-    return "\n".join([line(list(headers)), sep, *(line(r) for r in cells)])
-
-
-def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
-    return str(value)
 
 
 def ms(seconds: float | None) -> str:

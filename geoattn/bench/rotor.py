@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.rotor import HEAD_TYPES, rotor_attention
-from geoattn.bench.common import format_table, median_time, ms, peak_memory_bytes
+from geoattn.attention.rotor_kernel import HEAD_TYPES, rotor_attention
+from geoattn.bench.common import median_time, ms, peak_memory_bytes
+from geoattn.errors import ConfigError
+from geoattn.formatting import format_table
 
 # the reference builds (H, block, N, C, 8) products block by block: beyond these N it takes minutes
 REFERENCE_MAX_N = {"forward": 512, "forward+backward": 256}
@@ -70,9 +72,9 @@ def _measure(fn, inputs, backward: bool, repeats: int, warmup: int = 1) -> tuple
 def run(args: argparse.Namespace) -> int:
     for name in ("channels", "heads", "repeats"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be ≥ 1, got {getattr(args, name)}")
+            raise ConfigError(f"--{name} must be ≥ 1, got {getattr(args, name)}")
     if any(n < 1 for n in args.sizes):
-        raise ValueError(f"--sizes must be positive, got {args.sizes}")
+        raise ConfigError(f"--sizes must be positive, got {args.sizes}")
     device = torch.device(args.device)
     ga = CliffordAlgebra(3)
     H, C = args.heads, args.channels

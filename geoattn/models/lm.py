@@ -22,29 +22,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from geoattn.layers.rt import RFAAttention, RTBlock
-from geoattn.layers.transformer import (
-    STEPS,
-    Block,
-    CausalSelfAttention,
-    NGPTAttention,
-    NormalizedSwiGLU,
-    ScaledVector,
-    SphereBlock,
-    check_input,
-    make_mlp,
-    make_norm,
-    normalize_,
-    to_sphere,
-)
+from geoattn.errors import ConfigError
+from geoattn.layers.common import ScaledVector, check_input, normalize_
+from geoattn.layers.robust_filter import RFAAttention
+from geoattn.layers.rt_block import RTBlock
+from geoattn.layers.sphere import STEPS, NGPTAttention, NormalizedSwiGLU, SphereBlock, to_sphere
+from geoattn.layers.transformer import Block, CausalSelfAttention, make_mlp, make_norm
+from geoattn.models.base import ModelSizes, TaskModel, decay_groups
+from geoattn.settings import settings_from
 
-MODELS = ("transformer", "rt", "rfa", "ngpt")
-SPHERE_MODELS = ("rt", "ngpt")
+LM_MODELS = {  # --model name -> what it is
+    "transformer": "pre-norm GPT, RoPE + SwiGLU (nanoGPT with mlp=gelu, pos=learned)",
+    "rt": "RT-Transformer: RT-Filter attention, tangent correction + retraction on the sphere",
+    "rfa": "pre-norm GPT with isotropic Robust Filter Attention",
+    "ngpt": "nGPT: normalised Transformer on the unit sphere",
+}
 
 
 @dataclass
@@ -103,32 +101,45 @@ class LMConfig:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"LMConfig.{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"LMConfig.{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
-            raise ValueError(f"LMConfig.n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
+            raise ConfigError(f"LMConfig.n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
         if (self.n_embd // self.n_head) % 2:
-            raise ValueError(
+            raise ConfigError(
                 f"LMConfig: head dimension n_embd/n_head = {self.n_embd // self.n_head} must be even "
                 "(rotations act on coordinate pairs)"
             )
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LMConfig.dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError(f"LMConfig.dropout must be in [0, 1), got {self.dropout}")
         if self.mlp not in ("swiglu", "gelu", None):
-            raise ValueError(f"LMConfig.mlp must be 'swiglu', 'gelu' or None, got {self.mlp!r}")
+            raise ConfigError(f"LMConfig.mlp must be 'swiglu', 'gelu' or None, got {self.mlp!r}")
         if self.mlp_hidden is not None and self.mlp_hidden <= 0:
-            raise ValueError(f"LMConfig.mlp_hidden must be positive or None, got {self.mlp_hidden}")
+            raise ConfigError(f"LMConfig.mlp_hidden must be positive or None, got {self.mlp_hidden}")
         if self.pos not in ("rope", "learned", "none"):
-            raise ValueError(f"LMConfig.pos must be 'rope', 'learned' or 'none', got {self.pos!r}")
+            raise ConfigError(f"LMConfig.pos must be 'rope', 'learned' or 'none', got {self.pos!r}")
         if self.rope_base <= 0:
-            raise ValueError(f"LMConfig.rope_base must be positive, got {self.rope_base}")
+            raise ConfigError(f"LMConfig.rope_base must be positive, got {self.rope_base}")
         if self.norm not in ("layernorm", "rmsnorm"):
-            raise ValueError(f"LMConfig.norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
+            raise ConfigError(f"LMConfig.norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
         if self.step not in STEPS:
-            raise ValueError(f"LMConfig.step must be one of {STEPS}, got {self.step!r}")
+            raise ConfigError(f"LMConfig.step must be one of {STEPS}, got {self.step!r}")
         if self.alpha_init <= 0:
-            raise ValueError(f"LMConfig.alpha_init must be positive, got {self.alpha_init}")
+            raise ConfigError(f"LMConfig.alpha_init must be positive, got {self.alpha_init}")
         if self.rt_backend not in ("auto", "reference"):
-            raise ValueError(f"LMConfig.rt_backend must be 'auto' or 'reference', got {self.rt_backend!r}")
+            raise ConfigError(f"LMConfig.rt_backend must be 'auto' or 'reference', got {self.rt_backend!r}")
+
+    @classmethod
+    def from_sizes(cls, sizes: ModelSizes, options: dict[str, Any] | None = None, **fixed: Any) -> LMConfig:
+        """The config for a run: its sizes, then the user's ``model.*`` options, then ``fixed`` (what
+        the task decides, e.g. ``vocab_size``); ConfigError on an unknown key or a bad value."""
+        defaults = {
+            "n_layer": sizes.n_layer,
+            "n_head": sizes.n_head,
+            "n_embd": sizes.n_embd,
+            "block_size": sizes.block_size,
+            "dropout": sizes.dropout,
+        }
+        return settings_from(cls, options, prefix="model", fixed=fixed, defaults=defaults)
 
     @property
     def head_dim(self) -> int:
@@ -215,7 +226,7 @@ class Backbone(nn.Module):
 
 def _sphere_mlp(config: LMConfig) -> nn.Module | None:
     if config.mlp == "gelu":
-        raise ValueError(
+        raise ConfigError(
             "LMConfig.mlp='gelu' is the nanoGPT recipe for 'transformer'/'rfa'; use 'swiglu' or None"
         )
     return NormalizedSwiGLU(config.n_embd, config.mlp_hidden, config.dropout) if config.mlp else None
@@ -223,13 +234,13 @@ def _sphere_mlp(config: LMConfig) -> nn.Module | None:
 
 def _check_pos(name: str, config: LMConfig) -> None:
     if config.pos == "learned" and name != "transformer":
-        raise ValueError(f"LMConfig.pos='learned' is only available for model 'transformer', not {name!r}")
+        raise ConfigError(f"LMConfig.pos='learned' is only available for model 'transformer', not {name!r}")
 
 
 def build_backbone(name: str, config: LMConfig) -> Backbone:
     """The backbone of model ``name`` in ``transformer | rt | rfa | ngpt`` (see the module docstring)."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODELS)}")
+    if name not in LM_MODELS:
+        raise ConfigError(f"unknown model {name!r}; valid names: {', '.join(LM_MODELS)}")
     _check_pos(name, config)
     c = config
     rope = c.pos == "rope"
@@ -298,7 +309,7 @@ def build_backbone(name: str, config: LMConfig) -> Backbone:
 # Language models
 
 
-class LanguageModel(nn.Module):
+class LanguageModel(TaskModel):
     """Token embedding → backbone → tied output head.
 
     ``forward(idx (B, T) long, targets (B, T) long | None) -> (logits (B, T, V), loss | None)``.
@@ -361,23 +372,21 @@ class LanguageModel(nn.Module):
         """One ``(B, H, T, T)`` attention-weight tensor per layer, for plots."""
         return self.backbone.attention_maps(self.wte(idx))
 
-    def num_params(self) -> int:
-        """All parameters (tied embeddings counted once)."""
-        return sum(p.numel() for p in self.parameters())
-
     def optim_groups(self, weight_decay: float) -> list[dict]:
         """AdamW groups: matrices decay, vectors (norms, scales, filter parameters) do not.
 
         Hypersphere models put everything in the no-decay group: their weights are renormalised
         instead (nGPT).
         """
-        params = [p for p in self.parameters() if p.requires_grad]
+        return decay_groups(self, weight_decay, decay_matrices=not self.sphere)
+
+    @torch.no_grad()
+    def normalize_weights(self) -> None:
+        """Hypersphere models: every weight matrix back to unit norm along the embedding axis (after
+        each optimiser step); pre-norm models: nothing."""
         if self.sphere:
-            return [{"params": params, "weight_decay": 0.0}]
-        return [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
+            normalize_(self.wte.weight, dim=1)
+            self.backbone.normalize_weights()
 
 
 class TransformerLM(LanguageModel):
@@ -392,23 +401,13 @@ class RFATransformerLM(LanguageModel):
     model_name = "rfa"
 
 
-class SphereLM(LanguageModel):
-    """A language model whose residual stream lives on the unit sphere (nGPT parameterisation)."""
-
-    @torch.no_grad()
-    def normalize_weights(self) -> None:
-        """Project every weight matrix back to unit norm along the embedding axis (call after each step)."""
-        normalize_(self.wte.weight, dim=1)
-        self.backbone.normalize_weights()
-
-
-class NGPTLM(SphereLM):
+class NGPTLM(LanguageModel):
     """nGPT: unit residual stream, unit q and k with per-dimension scale s_qk, no precision term."""
 
     model_name = "ngpt"
 
 
-class RTTransformerLM(SphereLM):
+class RTTransformerLM(LanguageModel):
     """The RT-Transformer: RT blocks (RT-Filter attention + tangent correction + retraction), nGPT-style."""
 
     model_name = "rt"
@@ -425,5 +424,5 @@ _LM_CLASSES: dict[str, type[LanguageModel]] = {
 def build_lm(name: str, config: LMConfig) -> LanguageModel:
     """The language model ``name`` in ``transformer | rt | rfa | ngpt``."""
     if name not in _LM_CLASSES:
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODELS)}")
+        raise ConfigError(f"unknown model {name!r}; valid names: {', '.join(LM_MODELS)}")
     return _LM_CLASSES[name](config)

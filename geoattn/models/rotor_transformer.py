@@ -11,16 +11,21 @@ in PGA Cl(3,0,1) (GATr's embedding: points as trivectors, translations act by ve
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.rotor import HEAD_TYPES
-from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
-from geoattn.layers.rotor import RotorAttention
+from geoattn.attention.rotor_kernel import HEAD_TYPES
+from geoattn.errors import ConfigError
+from geoattn.layers.multivector import EquiLinear
+from geoattn.layers.rotor_block import RotorBlock
+from geoattn.models.base import ModelSizes
+from geoattn.settings import settings_from
 
 ALGEBRAS = {"cl3": (3, 0, 0), "pga": (3, 0, 1)}
+DEFAULT_HEAD_CYCLE = ("rotation", "rotation", "reflection", "projection")
 
 
 @dataclass
@@ -56,30 +61,53 @@ class RotorTransformerConfig:
     def __post_init__(self) -> None:
         self.head_types = tuple(self.head_types)
         if self.algebra not in ALGEBRAS:
-            raise ValueError(
+            raise ConfigError(
                 f"RotorTransformerConfig.algebra must be one of {tuple(ALGEBRAS)}, got {self.algebra!r}"
             )
         for name in ("in_channels", "out_channels", "channels", "n_layer", "head_channels", "mlp_ratio"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"RotorTransformerConfig.{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"RotorTransformerConfig.{name} must be a positive integer, got {value!r}")
         for name in ("in_scalars", "out_scalars", "scalars"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
-                raise ValueError(f"RotorTransformerConfig.{name} must be an integer ≥ 0, got {value!r}")
+                raise ConfigError(f"RotorTransformerConfig.{name} must be an integer ≥ 0, got {value!r}")
         if not self.head_types or any(t not in HEAD_TYPES for t in self.head_types):
-            raise ValueError(
+            raise ConfigError(
                 f"RotorTransformerConfig.head_types must be a non-empty list of {HEAD_TYPES}, "
                 f"got {self.head_types}"
             )
         if "frame" in self.head_types and (self.algebra != "cl3" or self.head_channels < 2):
-            raise ValueError("RotorTransformerConfig: 'frame' heads need algebra='cl3' and head_channels ≥ 2")
+            raise ConfigError(
+                "RotorTransformerConfig: 'frame' heads need algebra='cl3' and head_channels ≥ 2"
+            )
         if self.norm not in ("joint", "per_grade"):
-            raise ValueError(f"RotorTransformerConfig.norm must be 'joint' or 'per_grade', got {self.norm!r}")
+            raise ConfigError(
+                f"RotorTransformerConfig.norm must be 'joint' or 'per_grade', got {self.norm!r}"
+            )
         if (self.in_scalars or self.out_scalars) and not self.scalars:
-            raise ValueError(
+            raise ConfigError(
                 "RotorTransformerConfig: scalar inputs/outputs need scalars > 0 (the scalar width)"
             )
+
+    @classmethod
+    def from_sizes(
+        cls, sizes: ModelSizes, options: dict[str, Any] | None = None, **fixed: Any
+    ) -> RotorTransformerConfig:
+        """The config for a run: ``n_layer`` from the sizes, ``n_embd`` read as ≈ 8 numbers per
+        multivector channel (``channels = scalars = n_embd // 8``), ``n_head`` heads cycling through
+        rotation, rotation, reflection, projection with ``channels // n_head`` channels each; then the
+        user's ``model.*`` options; ``fixed`` (the task's input/output shapes) last.
+        """
+        channels = max(2, sizes.n_embd // 8)
+        defaults = {
+            "n_layer": sizes.n_layer,
+            "channels": channels,
+            "scalars": channels,
+            "head_types": tuple(DEFAULT_HEAD_CYCLE[i % len(DEFAULT_HEAD_CYCLE)] for i in range(sizes.n_head)),
+            "head_channels": max(2, channels // sizes.n_head),
+        }
+        return settings_from(cls, options, prefix="model", fixed=fixed, defaults=defaults)
 
     def make_algebra(self) -> CliffordAlgebra:
         return CliffordAlgebra(*ALGEBRAS[self.algebra])
@@ -102,31 +130,6 @@ def center(points: Tensor, mask: Tensor | None = None) -> Tensor:
     return points - (points * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1)
 
 
-class RotorBlock(nn.Module):
-    """Pre-norm block: ``x + RotorAttention(norm(x))``, then ``x + GeometricMLP(norm(x))``; scalars alike."""
-
-    def __init__(self, algebra: CliffordAlgebra, config: RotorTransformerConfig):
-        super().__init__()
-        C, S = config.channels, config.scalars
-        per_grade = config.norm == "per_grade"
-        self.norm1, self.norm2 = (
-            GradeLayerNorm(algebra, per_grade=per_grade),
-            GradeLayerNorm(algebra, per_grade=per_grade),
-        )
-        self.snorm1 = nn.LayerNorm(S) if S else None
-        self.snorm2 = nn.LayerNorm(S) if S else None
-        self.attn = RotorAttention(
-            algebra, C, config.head_types, config.head_channels, scalars=S, inverse=config.inverse
-        )
-        self.mlp = GeometricMLP(algebra, C, S, hidden=config.mlp_ratio * C)
-
-    def forward(self, x: Tensor, s: Tensor | None, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        dx, ds = self.attn(self.norm1(x), self.snorm1(s) if s is not None else None, mask)
-        x, s = x + dx, (s + ds if s is not None else None)
-        dx, ds = self.mlp(self.norm2(x), self.snorm2(s) if s is not None else None)
-        return x + dx, (s + ds if s is not None else None)
-
-
 class RotorTransformer(nn.Module):
     """Equivariant transformer on multivector channels (see the module docstring).
 
@@ -141,7 +144,19 @@ class RotorTransformer(nn.Module):
         self.algebra = config.make_algebra()
         C, S = config.channels, config.scalars
         self.embed = EquiLinear(self.algebra, config.in_channels, C, config.in_scalars, S)
-        self.blocks = nn.ModuleList(RotorBlock(self.algebra, config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(
+            RotorBlock(
+                self.algebra,
+                C,
+                config.head_types,
+                config.head_channels,
+                scalars=S,
+                inverse=config.inverse,
+                per_grade_norm=config.norm == "per_grade",
+                mlp_ratio=config.mlp_ratio,
+            )
+            for _ in range(config.n_layer)
+        )
         self.head = EquiLinear(self.algebra, C, config.out_channels, S, config.out_scalars)
 
     def forward(

@@ -1,49 +1,154 @@
-"""The contract between the trainer and a task (lm, filter, nbody).
+"""The contract between the trainer and a task (lm, filter, nbody, ...).
 
-A task owns its data, builds the model for a ``--model`` name, and measures its own metrics. The
-trainer owns everything else (optimiser, schedule, checkpoints, DDP, logging). Batches are drawn
-from a ``torch.Generator`` that the trainer seeds and checkpoints, so the data position resumes
-exactly and every DDP rank can draw the same global batch and keep its own slice.
+A task owns its data, its settings (``--set task.KEY=...``, a typed dataclass ``Settings``), the
+networks it can train (``--model`` names) and its evaluation. The trainer owns everything else
+(optimiser, schedule, checkpoints, DDP, logging). Batches are drawn from a ``torch.Generator`` that
+the trainer seeds and checkpoints, so the data position resumes exactly and every DDP rank can draw
+the same global batch and keep its own slice.
+
+Adding a task is one module (or package) with a :class:`Task` subclass plus one line in
+``geoattn.tasks.TASKS``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from geoattn.errors import ConfigError
+from geoattn.models.base import ModelSizes, TaskModel
+from geoattn.settings import describe_settings, settings_from
+
+if TYPE_CHECKING:
+    from geoattn.training.config import TrainConfig
+
+
+@dataclass
+class EvalRow:
+    """One line of ``geoattn eval``: a metric, its value, and what it was measured on."""
+
+    metric: str
+    value: float | str
+    over: str  # e.g. "full val split (111,540 chars)", "20 batches of 12"
 
 
 class Task(ABC):
     """One training problem.
 
-    Subclasses set ``name`` and ``models`` (the ``--model`` values they accept) and implement the
-    abstract methods. A model built by :meth:`build_model` is called as ``model(x, y)`` and returns
-    ``(prediction, loss)`` with ``loss`` a scalar tensor.
+    Subclasses set ``name``, ``models`` (``--model`` name → one-line description), ``Settings``
+    (a dataclass of the task's options; ``None`` if it has none) and implement :meth:`from_settings`,
+    :meth:`get_batch` and :meth:`_build`. A built model is a :class:`~geoattn.models.base.TaskModel`:
+    ``model(x, y) -> (prediction, loss)``.
     """
 
     name: ClassVar[str]
-    models: ClassVar[tuple[str, ...]]
+    models: ClassVar[dict[str, str]]
+    Settings: ClassVar[type | None] = None
+    description: ClassVar[str] = ""
 
+    # ------------------------------------------------------------------ construction -------------
+    @classmethod
+    def from_config(
+        cls, config: TrainConfig, *, meta: dict[str, Any] | None = None, load_data: bool = True
+    ) -> Task:
+        """The task of a run: its ``task.*`` options checked against ``Settings``, then
+        :meth:`from_settings`. ``meta`` is a checkpoint's :meth:`meta` (lm: the vocabulary);
+        ``load_data=False`` builds only what a loaded model needs (e.g. for sampling)."""
+        if cls.Settings is None:
+            if config.task_options:
+                keys = ", ".join(f"task.{k}" for k in sorted(config.task_options))
+                raise ConfigError(f"the {cls.name} task takes no task settings, got {keys}")
+            settings = None
+        else:
+            defaults = cls.settings_defaults(config)
+            settings = settings_from(cls.Settings, config.task_options, prefix="task", defaults=defaults)
+        return cls.from_settings(settings, config, meta=meta, load_data=load_data)
+
+    @classmethod
+    def settings_defaults(cls, config: TrainConfig) -> dict[str, Any]:
+        """Settings that follow the run's flags unless set (filter: ``seq_len`` = ``--block-size``)."""
+        return {}
+
+    @classmethod
+    @abstractmethod
+    def from_settings(
+        cls, settings: Any, config: TrainConfig, *, meta: dict[str, Any] | None, load_data: bool
+    ) -> Task:
+        """Build the task from its validated settings and the run's config (``data``, ``block_size``)."""
+
+    @classmethod
+    def settings_table(cls, model: str | None = None) -> list[list[str]]:
+        """Rows ``[key, type, default, help]`` of every ``task.*`` key, then ``model``'s ``model.*`` keys."""
+        rows = describe_settings(cls.Settings, prefix="task") if cls.Settings is not None else []
+        if model is not None:
+            cls.check_model(model)
+            config_cls, fixed = cls.model_settings(model)
+            rows += describe_settings(config_cls, prefix="model", exclude=fixed)
+        return rows
+
+    @classmethod
+    def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
+        """The config dataclass behind ``model.*`` keys for ``model`` and the fields the task fixes."""
+        raise NotImplementedError
+
+    @classmethod
+    def check_model(cls, model: str) -> None:
+        if model not in cls.models:
+            raise ConfigError(f"the {cls.name} task supports models {', '.join(cls.models)}, not {model!r}")
+
+    def build_model(self, model: str, config: TrainConfig) -> TaskModel:
+        """The network for ``--model model`` with the run's sizes and ``model.*`` options."""
+        self.check_model(model)
+        return self._build(model, config.sizes, config.model_options)
+
+    @abstractmethod
+    def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
+        """The network ``model`` (already checked to be in ``models``)."""
+
+    # ------------------------------------------------------------------ data and metrics ---------
     @abstractmethod
     def get_batch(
         self, split: str, batch_size: int, generator: torch.Generator, device: torch.device | str = "cpu"
     ) -> tuple[Tensor, Tensor]:
         """Draw ``(x, y)`` for ``split`` in {"train", "val", ...} with ``generator`` (on the CPU)."""
 
-    @abstractmethod
-    def build_model(self, model: str, config: Any) -> nn.Module:
-        """The network for ``--model model``; raises ``ValueError`` naming the valid models."""
-
     def metrics(self, prediction: Tensor, y: Tensor) -> dict[str, float]:
         """Task metrics of one evaluation batch (averaged over batches by the trainer)."""
         return {}
 
     def meta(self) -> dict[str, Any]:
-        """JSON-serialisable facts saved with every checkpoint (vocabulary, simulator parameters)."""
+        """JSON-serialisable facts saved with every checkpoint (vocabulary, data source, settings)."""
         return {"task": self.name}
 
     def baselines(self, split: str = "val") -> dict[str, float]:
         """Reference numbers beside the learned models (e.g. the optimal filter), keyed by name."""
         return {}
+
+    def final_metrics(self, model: TaskModel, config: TrainConfig, device: torch.device) -> dict[str, float]:
+        """Full-set metrics computed once at the end of training (lm: the whole validation split)."""
+        return {}
+
+    def evaluation(
+        self,
+        model: TaskModel,
+        config: TrainConfig,
+        device: torch.device,
+        sampled: Callable[[], dict[str, float]],
+    ) -> list[EvalRow]:
+        """The rows of ``geoattn eval``: ``sampled()`` gives the trainer's batch estimates; tasks add
+        their full-set metrics and baselines (default: the estimates, the final metrics, baselines)."""
+        over = f"{config.eval_iters} batches of {config.batch_size}"
+        rows = [EvalRow(k, v, over) for k, v in sampled().items()]
+        full = self.final_metrics(model, config, device)
+        rows += [EvalRow(k, v, "full set") for k, v in full.items()]
+        rows += [EvalRow(f"baseline_{k}", v, "val pool") for k, v in self.baselines("val").items()]
+        return rows
+
+    def sample(self, model: TaskModel, prompt: str, **kwargs: Any) -> str:
+        """Generate from a trained model (lm); other tasks have nothing to sample."""
+        raise ConfigError(f"geoattn sample needs an lm run; this is a {self.name} run")

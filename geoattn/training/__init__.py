@@ -1,14 +1,15 @@
-"""The one trainer for every task and model: config, loop, checkpoints, DDP, plots, evaluation.
+"""The one trainer for every task and model: config, loop, run directory, DDP, plots, evaluation.
 
-config.py       TrainConfig (typed; TOML and --set overrides)
-trainer.py      Trainer, evaluate_model, cosine_lr
-checkpoint.py   model.safetensors + trainer_state.pt + config.json, atomic, checked on load
+config.py       TrainConfig (typed; TOML, --set overrides, one command-line flag per field)
+trainer.py      Trainer, evaluate_model, scheduled_lr
+run_dir.py      RunDirectory: the run's files (checkpoint, metrics, summary, plots) and report
 distributed.py  torchrun / DDP set-up and deterministic teardown
-evaluate.py     load_run, length_extrapolation (geoattn eval / sample)
+evaluate.py     load_run, evaluation_rows (geoattn eval / sample)
 plots.py        loss curves, attention map, RT precision (PNG)
 """
 
 from geoattn.training.config import TrainConfig
-from geoattn.training.trainer import Trainer, cosine_lr, evaluate_model
+from geoattn.training.run_dir import RunDirectory
+from geoattn.training.trainer import Trainer, evaluate_model, scheduled_lr
 
-__all__ = ["TrainConfig", "Trainer", "cosine_lr", "evaluate_model"]
+__all__ = ["TrainConfig", "Trainer", "RunDirectory", "scheduled_lr", "evaluate_model"]

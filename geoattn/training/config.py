@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from geoattn.errors import ConfigError
+from geoattn.models.base import ModelSizes
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -22,72 +25,120 @@ else:  # pragma: no cover - Python 3.10
 OPTION_TABLES = ("model_options", "task_options")
 
 
+def _opt(default: Any, help: str, **kw: Any) -> Any:
+    """A TrainConfig field with its command-line help (flags are generated from these)."""
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
 @dataclass
 class TrainConfig:
     """Everything a run needs, saved as ``config.json`` next to every checkpoint.
 
     The defaults are nanoGPT's CPU shakespeare_char recipe (SPEC §3): 4 layers × 4 heads × 128,
-    context 64, batch 12, 2000 iterations, lr 1e-3. ``model_options`` and ``task_options`` are
-    passed through to the model config (e.g. ``mlp="gelu"``) and the task (e.g. filter simulator
-    parameters); the task validates them.
+    context 64, batch 12, 2000 iterations, lr 1e-3. ``model_options`` and ``task_options`` are the
+    ``--set model.KEY`` / ``task.KEY`` settings, checked by the model's and the task's own config
+    classes (``geoattn train --task T --model M --list-settings`` lists them). Each field's help is
+    the command line's: ``geoattn train`` has one flag per field (``--max-iters`` for ``max_iters``).
     """
 
-    task: str = "lm"
-    model: str = "transformer"
-    data: str | None = None  # lm: a text file or a dataset name; nbody: a GATr-format directory
-    out: str | None = None
-    # model size (every task maps these onto its model config)
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 64  # lm context / sequence length
-    dropout: float = 0.0
-    model_options: dict[str, Any] = field(default_factory=dict)
-    task_options: dict[str, Any] = field(default_factory=dict)
-    # optimisation: AdamW, linear warmup then cosine decay to min_lr at lr_decay_iters
-    max_iters: int = 2000
-    batch_size: int = 12  # global: split across DDP ranks
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_iters: int = 100
-    lr_decay_iters: int | None = None  # None: max_iters
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # 0 disables clipping
+    task: str = _opt("lm", "the task (see geoattn train --list-settings)")
+    model: str = _opt("transformer", "the network (which ones a task supports varies)")
+    data: str | None = _opt(
+        None,
+        "lm: a UTF-8 text file or a dataset name (geoattn data list); nbody: a directory of GATr's "
+        "files (train.npz, val.npz, eval.npz, e3_generalization.npz, object_generalization.npz); "
+        "filter: none (simulated)",
+    )
+    out: str | None = _opt(None, "run directory", flag=False)
+    # model size (every model maps these onto its own config)
+    n_layer: int = _opt(4, "layers (blocks)")
+    n_head: int = _opt(4, "attention heads")
+    n_embd: int = _opt(
+        128,
+        "model width; rotor models read it as 8 numbers per multivector channel: n_embd/8 "
+        "multivector and n_embd/8 scalar channels (override with --set model.channels / model.scalars)",
+    )
+    block_size: int = _opt(64, "lm context / filter sequence length")
+    dropout: float = _opt(0.0, "dropout probability")
+    model_options: dict[str, Any] = _opt({}, "model settings (--set model.KEY=VALUE)", flag=False)
+    task_options: dict[str, Any] = _opt({}, "task settings (--set task.KEY=VALUE)", flag=False)
+    # optimisation: AdamW, linear warmup then a decay to min_lr at lr_decay_iters
+    max_iters: int = _opt(2000, "optimiser steps")
+    batch_size: int = _opt(12, "global batch (split across DDP ranks)")
+    lr: float = _opt(1e-3, "peak learning rate")
+    min_lr: float | None = _opt(
+        None, "learning rate at the end of the decay (default: lr/10 for cosine, lr/100 for exponential)"
+    )
+    lr_schedule: str = _opt(
+        "cosine",
+        "cosine (nanoGPT: warmup, cosine decay to min_lr) | exponential (GATr: warmup, then "
+        "lr·(min_lr/lr)^progress)",
+    )
+    warmup_iters: int = _opt(100, "linear warmup steps")
+    lr_decay_iters: int | None = _opt(None, "steps of the decay (default: max_iters)")
+    weight_decay: float = _opt(0.1, "AdamW weight decay (matrices only unless the model says otherwise)")
+    beta1: float = _opt(0.9, "AdamW beta1")
+    beta2: float = _opt(0.95, "AdamW beta2")
+    grad_clip: float = _opt(1.0, "gradient-norm clipping (0 disables)")
     # evaluation, logging, checkpoints
-    eval_interval: int = 250
-    eval_iters: int = 20
-    log_interval: int = 1  # a metrics.jsonl line every this many iterations (and at every evaluation)
-    plots: bool = True
+    eval_interval: int = _opt(250, "evaluate and checkpoint every N steps (and at the last)")
+    eval_iters: int = _opt(20, "batches per split per evaluation")
+    log_interval: int = _opt(1, "a metrics.jsonl line every N steps (and at every evaluation)")
+    plots: bool = _opt(True, "write PNG plots at the end", flag=False)
     # runtime
-    seed: int = 1337
-    device: str = "cpu"
-    dtype: str = "float32"  # float32 | bfloat16 (autocast; bf16 keeps fp32's range, so no loss scaling)
+    seed: int = _opt(1337, "seed for initialisation and data")
+    device: str = _opt("cpu", "cpu | cuda")
+    dtype: str = _opt("float32", "float32 | bfloat16 (autocast; bf16 keeps fp32's range: no loss scaling)")
+    compile: bool = _opt(False, "torch.compile the model for training (exact: same maths, fused kernels)")
 
     def __post_init__(self) -> None:
         positive = ("n_layer", "n_head", "n_embd", "block_size", "max_iters", "batch_size")
         positive += ("eval_interval", "eval_iters", "log_interval")
         for name in positive:
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup_iters < 0:
-            raise ValueError(f"warmup_iters must be >= 0, got {self.warmup_iters}")
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ValueError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
+            raise ConfigError(f"warmup_iters must be >= 0, got {self.warmup_iters}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(
+                f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}"
+            )
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
+            raise ConfigError(f"need 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.lr_schedule == "exponential" and self.min_lr == 0:
+            raise ConfigError("the exponential schedule needs min_lr > 0")
         if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+            raise ConfigError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+            raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
 
     @property
     def decay_iters(self) -> int:
         return self.lr_decay_iters or self.max_iters
 
+    @property
+    def final_lr(self) -> float:
+        """``min_lr``, or its default for the schedule (lr/10 cosine, lr/100 exponential)."""
+        if self.min_lr is not None:
+            return self.min_lr
+        return self.lr / (100.0 if self.lr_schedule == "exponential" else 10.0)
+
+    @property
+    def sizes(self) -> ModelSizes:
+        """The size settings every model maps onto its own config."""
+        return ModelSizes(self.n_layer, self.n_head, self.n_embd, self.block_size, self.dropout)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+LR_SCHEDULES = ("cosine", "exponential")
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -108,29 +159,32 @@ def coerce(name: str, value: Any) -> Any:
     if value is None:
         if optional:
             return None
-        raise ValueError(f"{name} cannot be empty")
+        raise ConfigError(f"{name} cannot be empty")
     origin = typing.get_origin(kind) or kind
     if origin is dict:
         if not isinstance(value, dict):
-            raise ValueError(f"{name} must be a table of options, got {value!r}")
+            raise ConfigError(f"{name} must be a table of options, got {value!r}")
         return dict(value)
     if origin is bool:
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
             return value.lower() in ("true", "1")
         if isinstance(value, bool):
             return value
-        raise ValueError(f"{name} must be true or false, got {value!r}")
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
     if origin is int and isinstance(value, float) and not value.is_integer():
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
     try:
         return origin(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be {origin.__name__}, got {value!r}") from None
+        raise ConfigError(f"{name} must be {origin.__name__}, got {value!r}") from None
 
 
-def unknown_key_error(key: str, where: str) -> ValueError:
-    valid = ", ".join(sorted([*FIELDS, *(f"{t}.KEY" for t in ("model", "task"))]))
-    return ValueError(f"unknown config key {key!r} in {where}; valid keys: {valid}")
+def unknown_key_error(key: str, where: str) -> ConfigError:
+    valid = ", ".join(sorted([*FIELDS, "model.KEY", "task.KEY"]))
+    return ConfigError(
+        f"unknown config key {key!r} in {where}; valid keys: {valid}; task and model settings take a "
+        f"prefix (task.{key} or model.{key}; geoattn train --task T --model M --list-settings lists them)"
+    )
 
 
 def flatten_toml(table: dict[str, Any], where: str) -> dict[str, Any]:
@@ -158,11 +212,11 @@ def flatten_toml(table: dict[str, Any], where: str) -> dict[str, Any]:
 def load_toml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"config file {path} does not exist")
+        raise ConfigError(f"config file {path} does not exist")
     try:
         document = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"config file {path} is not valid TOML: {err}") from None
+        raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
     return flatten_toml(document, str(path))
 
 
@@ -176,7 +230,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:

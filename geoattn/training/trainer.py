@@ -1,9 +1,11 @@
 """The one training loop for every task and model.
 
-AdamW (betas 0.9/0.95), linear warmup then cosine decay to ``min_lr``, gradient clipping, periodic
-evaluation on fixed batches, ``metrics.jsonl``, atomic checkpoints that resume exactly, Ctrl-C (or
-SIGTERM) saves and stops, DDP under ``torchrun``. The task supplies data, model and metrics
-(``geoattn.tasks.base``).
+AdamW (betas 0.9/0.95), linear warmup then a cosine (nanoGPT) or exponential (GATr) decay to
+``min_lr``, gradient clipping, periodic evaluation on fixed batches, ``metrics.jsonl``, atomic
+checkpoints that resume exactly, Ctrl-C (or SIGTERM) saves and stops, DDP under ``torchrun``, optional
+``torch.compile``. The task supplies data, model and metrics (``geoattn.tasks.base``); the model
+answers the trainer's questions through :class:`geoattn.models.base.TaskModel`; the files go through
+:class:`geoattn.training.run_dir.RunDirectory`.
 
 Exact resume: training batches come from one CPU generator seeded with ``seed`` and checkpointed
 with the torch/python/numpy global RNG states; evaluation batches come from their own generators,
@@ -27,38 +29,32 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 import geoattn
+from geoattn.errors import CheckpointError, ConfigError
+from geoattn.models.base import TaskModel
 from geoattn.tasks.base import Task
-from geoattn.training import checkpoint as ckpt
 from geoattn.training.config import TrainConfig
 from geoattn.training.distributed import DistEnv, all_reduce_mean, any_rank, barrier
+from geoattn.training.run_dir import RunDirectory, summary_line
 
 EVAL_SPLITS = ("train", "val")
 
 
-def cosine_lr(it: int, config: TrainConfig) -> float:
-    """Learning rate of (0-based) step ``it``: linear warmup, cosine decay to ``min_lr``, then flat."""
+def scheduled_lr(it: int, config: TrainConfig) -> float:
+    """Learning rate of (0-based) step ``it``: linear warmup to ``lr``, then ``config.lr_schedule``
+    (cosine or exponential) down to ``config.final_lr`` at ``decay_iters``, then flat."""
+    final = config.final_lr
     if it < config.warmup_iters:
         return config.lr * (it + 1) / (config.warmup_iters + 1)
     if it >= config.decay_iters:
-        return config.min_lr
+        return final
     progress = (it - config.warmup_iters) / max(1, config.decay_iters - config.warmup_iters)
-    return config.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (config.lr - config.min_lr)
-
-
-def optimizer_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """The model's own ``optim_groups`` if it has one, else weight decay on matrices (>= 2-D) only."""
-    if hasattr(model, "optim_groups"):
-        return model.optim_groups(weight_decay)
-    params = [p for p in model.parameters() if p.requires_grad]
-    return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+    if config.lr_schedule == "exponential":
+        return config.lr * (final / config.lr) ** progress
+    return final + 0.5 * (1.0 + math.cos(math.pi * progress)) * (config.lr - final)
 
 
 def _numpy_state() -> tuple:
@@ -73,7 +69,7 @@ def _set_numpy_state(state: tuple) -> None:
 
 @torch.no_grad()
 def evaluate_model(
-    model: nn.Module,
+    model: TaskModel,
     task: Task,
     config: TrainConfig,
     *,
@@ -138,24 +134,33 @@ class Trainer:
         verbose: bool = True,
     ):
         self.config, self.task, self.out = config, task, Path(out)
+        self.run = RunDirectory(self.out)
         self.env = env or DistEnv()
         self.device = torch.device(device or config.device)
         self.verbose = verbose and self.env.is_main
         if config.batch_size % self.env.world_size:
-            raise ValueError(
+            raise ConfigError(
                 f"batch_size={config.batch_size} does not split over {self.env.world_size} ranks; "
                 f"use a multiple of {self.env.world_size}"
             )
         # The same seed on every rank gives identical initial weights; dropout then differs per rank.
         torch.manual_seed(config.seed)
         self.model = task.build_model(config.model, config).to(self.device)
+        if not isinstance(self.model, TaskModel):
+            raise TypeError(
+                f"{type(task).__name__}.build_model returned {type(self.model).__name__}, not a TaskModel"
+            )
         torch.manual_seed(config.seed + self.env.rank)
         self.ddp = None
         if self.env.enabled:
             on_cuda = self.device.type == "cuda"
             self.ddp = DistributedDataParallel(self.model, device_ids=[self.device] if on_cuda else None)
+        # what the training step calls: the model, its DDP wrapper, compiled if asked (same maths)
+        self.step_model = self.ddp or self.model
+        if config.compile:
+            self.step_model = torch.compile(self.step_model)
         self.optimizer = torch.optim.AdamW(
-            optimizer_groups(self.model, config.weight_decay),
+            self.model.optim_groups(config.weight_decay),
             lr=config.lr,
             betas=(config.beta1, config.beta2),
         )
@@ -171,7 +176,7 @@ class Trainer:
     # ---------------------------------------------------------------- state ----------------------
     def run_config(self) -> dict[str, Any]:
         """``config.json``: the TrainConfig, the model's own config, the task's meta data."""
-        model_config = getattr(self.model, "config", None)
+        model_config = self.model.config
         is_config = dataclasses.is_dataclass(model_config) and not isinstance(model_config, type)
         model_dict = dataclasses.asdict(model_config) if is_config else None
         return {
@@ -209,7 +214,7 @@ class Trainer:
                 "rng": rngs,
                 "world_size": self.env.world_size,
             }
-            ckpt.save_checkpoint(self.out, self.model, state, self.run_config())
+            self.run.save_checkpoint(self.model, state, self.run_config())
         barrier(self.env)
 
     def _gather(self, rng: dict[str, Any]) -> list[dict[str, Any]]:
@@ -222,36 +227,22 @@ class Trainer:
 
     def resume(self) -> None:
         """Continue from the checkpoint in ``out``: weights, optimiser, iteration, RNG states, metrics."""
-        weights_iter = ckpt.load_weights(self.out, self.model, self.device)
-        state = ckpt.load_trainer_state(self.out)
+        weights_iter = self.run.load_weights(self.model, self.device)
+        state = self.run.load_trainer_state()
         if weights_iter != state["iter"]:
-            raise ckpt.CheckpointError(
+            raise CheckpointError(
                 f"checkpoint in {self.out} is inconsistent: weights at iter {weights_iter}, "
                 f"trainer state at iter {state['iter']}"
             )
         try:
             self.optimizer.load_state_dict(state["optimizer"])
         except (ValueError, KeyError) as err:
-            raise ckpt.CheckpointError(
-                f"optimiser state in {self.out} does not match the model ({err})"
-            ) from None
+            raise CheckpointError(f"optimiser state in {self.out} does not match the model ({err})") from None
         rngs = state["rng"]
         self._set_rng_state(rngs[self.env.rank] if self.env.rank < len(rngs) else rngs[0])
         self.iter = int(state["iter"])
         if self.env.is_main:
-            self._truncate_metrics(self.iter)
-
-    def _truncate_metrics(self, last_iter: int) -> None:
-        """Drop metrics lines written after the checkpoint, so the resumed file equals an unbroken run's."""
-        path = self.out / ckpt.METRICS_FILE
-        if not path.exists():
-            return
-        kept = [
-            line for line in path.read_text().splitlines() if line and json.loads(line)["iter"] <= last_iter
-        ]
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        tmp.replace(path)
+            self.run.truncate_metrics(self.iter)
 
     # ---------------------------------------------------------------- evaluation -----------------
     def evaluate(self, eval_iters: int | None = None) -> dict[str, float]:
@@ -278,12 +269,13 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         """Run to ``max_iters`` (or until Ctrl-C). Returns the last evaluation plus ``iter``,
-        ``interrupted`` and ``wall_s``."""
+        ``interrupted``, ``wall_s``, ``params``, the task's full-set ``final`` metrics and the
+        ``plots`` written (the last three on rank 0 of a finished run; also in ``summary.json``)."""
         config = self.config
         self.out.mkdir(parents=True, exist_ok=True)
         if self.env.is_main:
-            ckpt.write_config(self.out, self.run_config())
-        metrics = open(self.out / ckpt.METRICS_FILE, "a") if self.env.is_main else None
+            self.run.write_config(self.run_config())
+        metrics = open(self.run.metrics_path, "a") if self.env.is_main else None
         handler_installed = threading.current_thread() is threading.main_thread()
         signals = (signal.SIGINT, signal.SIGTERM)
         previous = [signal.signal(s, self._request_stop) for s in signals] if handler_installed else []
@@ -335,31 +327,37 @@ class Trainer:
         if interrupted:
             self.save()
         wall = time.perf_counter() - start
-        result = self._final_metrics()
-        result.update(iter=self.iter, interrupted=interrupted, wall_s=wall)
+        result = self.run.last_evaluation() if self.env.is_main else {}
+        result.update(iter=self.iter, interrupted=interrupted, wall_s=wall, params=self.model.num_params())
+        if self.env.is_main and not interrupted:
+            result["final"] = self.task.final_metrics(self.model, config, self.device)
+            result["plots"] = [p.name for p in self._plots()] if config.plots else []
+            self.run.write_summary(result)
         return result
+
+    def _plots(self) -> list[Path]:
+        x, _ = self.task.get_batch("val", 1, torch.Generator().manual_seed(0), self.device)
+        return self.run.plot(self.model, x)
 
     def _step(self) -> dict[str, Any]:
         """One optimiser step; the metrics.jsonl record of it (no evaluation yet)."""
         config = self.config
         t0 = time.perf_counter()
-        lr = cosine_lr(self.iter, config)
+        lr = scheduled_lr(self.iter, config)
         for group, scale in zip(self.optimizer.param_groups, self._lr_scale):
             group["lr"] = lr * scale
         x, y = self.task.get_batch("train", config.batch_size, self.data_generator, self.device)
         n_targets = y.numel() if not y.is_floating_point() else y.shape[0]
         x, y = self.env.shard(x), self.env.shard(y)
-        model = self.ddp or self.model
         with self._autocast:
-            _, loss = model(x, y)
+            _, loss = self.step_model(x, y)
         loss.backward()
         if config.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
         self._updating = True
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if hasattr(self.model, "normalize_weights"):
-            self.model.normalize_weights()
+        self.model.normalize_weights()
         self.iter += 1
         self._updating = False
         train_loss = float(all_reduce_mean(loss.detach().float(), self.env))
@@ -373,20 +371,5 @@ class Trainer:
             rate_key: n_targets / elapsed,
         }
 
-    def _final_metrics(self) -> dict[str, Any]:
-        path = self.out / ckpt.METRICS_FILE
-        if not self.env.is_main or not path.exists():
-            return {}
-        evaluated = [
-            r for r in map(json.loads, path.read_text().splitlines()) if r.get("val_loss") is not None
-        ]
-        return dict(evaluated[-1]) if evaluated else {}
-
     def _eval_line(self, record: dict[str, Any]) -> str:
-        extras = "  ".join(
-            f"{k} {v:.4g}" for k, v in record.items() if k.startswith("val_") and k != "val_loss"
-        )
-        return (
-            f"iter {record['iter']}/{self.config.max_iters}  train {record['train_eval_loss']:.4f}  "
-            f"val {record['val_loss']:.4f}  lr {record['lr']:.2e}  {extras}".rstrip()
-        )
+        return summary_line(record, self.config.max_iters)

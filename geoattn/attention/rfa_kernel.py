@@ -13,7 +13,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from geoattn.algebra.rotation import rope_angles, rotate_pairs
-from geoattn.attention.precision import outside_autocast, work_dtype
+from geoattn.attention.dtypes import outside_autocast, work_dtype
 from geoattn.rt.precision import rfa_precision
 
 RFA_BACKENDS = ("auto", "reference", "chunked")

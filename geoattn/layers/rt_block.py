@@ -1,10 +1,9 @@
-"""RT-Filter attention and the RT block (SPEC §1.2–§1.3), and isotropic RFA attention (SPEC §1.4).
+"""RT-Filter attention and the RT block (SPEC §1.2–§1.3).
 
-``RTAttention`` is the module around the functional kernel ``geoattn.attention.rt.rt_attention``:
-projections, the constrained per-head filter parameters and the ablation switches. ``RTBlock`` is the
-hypersphere block of ``geoattn.layers.transformer`` (tangent correction, retraction or geodesic step,
-nGPT-style scales) around it. ``RFAAttention`` is the Euclidean, isotropic predecessor (RFA, arXiv
-2509.04154) around the kernel ``geoattn.attention.rfa.rfa_attention``.
+``RTAttention`` is the module around the functional kernel
+``geoattn.attention.rt_kernel.rt_attention``: projections, the constrained per-head filter
+parameters and the ablation switches. ``RTBlock`` is the hypersphere block of
+``geoattn.layers.sphere`` (tangent correction, retraction or geodesic step, nGPT-style scales) around it.
 
 Shapes: ``B`` batch, ``T`` tokens, ``C`` model width, ``H`` heads, ``D = C / H`` head width.
 """
@@ -18,37 +17,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geoattn.algebra.rotation import rope_frequencies
-from geoattn.attention.rfa import rfa_attention
-from geoattn.attention.rt import rt_attention
-from geoattn.layers.transformer import (
-    NormalizedSwiGLU,
+from geoattn.attention.rt_kernel import rt_attention
+from geoattn.layers.common import (
     ScaledVector,
-    SphereBlock,
+    check_heads,
     check_input,
     default_positions,
+    filter_windows,
     merge_heads,
     normalize_,
     split_heads,
 )
-
-
-def _check_heads(n_embd: int, n_head: int) -> int:
-    if n_head <= 0 or n_embd % n_head:
-        raise ValueError(f"n_embd={n_embd} is not a multiple of n_head={n_head}")
-    head_dim = n_embd // n_head
-    if head_dim % 2:
-        raise ValueError(f"head dimension n_embd/n_head = {head_dim} must be even (rotations act on pairs)")
-    return head_dim
-
-
-def filter_windows(n_head: int, window: tuple[float, float]) -> Tensor:
-    """Per-head memory lengths ``(H,)``, geometric from ``window[0]`` to ``window[1]`` tokens."""
-    w_min, w_max = window
-    if not 0 < w_min <= w_max:
-        raise ValueError(f"window must satisfy 0 < window[0] <= window[1], got {window}")
-    if n_head == 1:
-        return torch.tensor([math.sqrt(w_min * w_max)])
-    return w_min * (w_max / w_min) ** (torch.arange(n_head, dtype=torch.float64) / (n_head - 1))
+from geoattn.layers.sphere import NormalizedSwiGLU, SphereBlock
 
 
 def _init_omega(omega_init: Tensor | None, n_head: int, head_dim: int, rope_base: float) -> Tensor:
@@ -113,7 +93,7 @@ class RTAttention(nn.Module):
         backend: str = "auto",
     ):
         super().__init__()
-        self.head_dim = _check_heads(n_embd, n_head)
+        self.head_dim = check_heads(n_embd, n_head)
         if beta_init is not None and not beta_init > 0:
             raise ValueError(f"beta_init must be positive, got {beta_init}")
         self.n_embd, self.n_head, self.causal, self.backend = n_embd, n_head, causal, backend
@@ -231,77 +211,3 @@ class RTBlock(SphereBlock):
             tangent_correction=tangent_correction,
             step=step,
         )
-
-
-# ------------------------------------------------------------------------------------------------
-# Isotropic Robust Filter Attention (RFA)
-
-
-class RFAAttention(nn.Module):
-    """Isotropic RFA as a drop-in for softmax attention: ``(x (B, T, C), positions) -> (B, T, C)``.
-
-    Per-head parameters stored as logarithms (``exp`` constraint). Initialisation mirrors
-    ``RTAttention``: memory length ``W_h`` geometric in ``window``, ``μ = 1/(2 W_h)`` (values and keys
-    decay by ``e^{−Δt/(2W_h)}``), ``η² = 1``, ``σ² = 6 μ η²`` (the variance grows from ``η²`` to ``3 η²``),
-    ``γ² = 0.01``, ``β = 1/(2 sqrt(D))`` so that at ``P = E = 1`` the cross term of the residual is
-    standard attention's ``⟨q, k⟩/sqrt(D)``. Rotation ω: the RoPE spectrum (fixed) or none.
-    """
-
-    def __init__(
-        self,
-        n_embd: int,
-        n_head: int,
-        *,
-        causal: bool = True,
-        rotation: bool = True,
-        rope_base: float = 10000.0,
-        window: tuple[float, float] = (4.0, 256.0),
-        backend: str = "auto",
-        chunk_size: int = 128,
-    ):
-        super().__init__()
-        self.head_dim = _check_heads(n_embd, n_head)
-        self.n_embd, self.n_head, self.causal = n_embd, n_head, causal
-        self.backend, self.chunk_size = backend, chunk_size
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=False)
-        self.c_proj = nn.Linear(n_embd, n_embd, bias=False)
-        mu = 1.0 / (2.0 * filter_windows(n_head, window))
-        self.log_mu = nn.Parameter(mu.log().float())
-        self.log_sigma2 = nn.Parameter((6.0 * mu).log().float())
-        self.log_eta2 = nn.Parameter(torch.zeros(n_head))
-        self.log_gamma2 = nn.Parameter(torch.full((n_head,), math.log(0.01)))
-        self.log_beta = nn.Parameter(torch.full((n_head,), -math.log(2 * math.sqrt(self.head_dim))))
-        if rotation:
-            self.register_buffer("omega", rope_frequencies(self.head_dim, n_head, rope_base))
-        else:
-            self.omega = None
-
-    def precision_parameters(self) -> dict[str, Tensor]:
-        """The constrained parameters ``mu, sigma2, eta2, gamma2, beta``, each ``(H,)``."""
-        names = ("mu", "sigma2", "eta2", "gamma2", "beta")
-        return {n: getattr(self, f"log_{n}").exp() for n in names}
-
-    def _kernel(self, x: Tensor, positions: Tensor | None, backend: str, return_weights: bool):
-        check_input(x, self.n_embd)
-        if positions is not None:
-            positions = default_positions(x, positions)
-        q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).split(self.n_embd, dim=-1))
-        return rfa_attention(
-            q,
-            k,
-            v,
-            **self.precision_parameters(),
-            omega=self.omega,
-            positions=positions,
-            causal=self.causal,
-            backend=backend,
-            chunk_size=self.chunk_size,
-            return_weights=return_weights,
-        )
-
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        return self.c_proj(merge_heads(self._kernel(x, positions, self.backend, False)))
-
-    def attention_weights(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """The RFA weights ``(B, H, T, T)`` via the reference kernel (for plots)."""
-        return self._kernel(x, positions, "reference", True)[1]

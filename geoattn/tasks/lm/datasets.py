@@ -15,6 +15,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from geoattn.errors import ConfigError, DataError
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -45,7 +47,7 @@ DATASETS: dict[str, Dataset] = {
 }
 
 
-class DownloadError(RuntimeError):
+class DownloadError(DataError):
     """The file could not be fetched or did not match its checksum."""
 
 
@@ -57,7 +59,7 @@ def cache_dir() -> Path:
 
 def get_dataset(name: str) -> Dataset:
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
+        raise ConfigError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
     return DATASETS[name]
 
 
@@ -114,6 +116,4 @@ def resolve_data(spec: str) -> Path:
         return path
     if spec in DATASETS:
         return download(spec)
-    raise FileNotFoundError(
-        f"data file {spec} does not exist (nor is it a dataset name: {', '.join(DATASETS)})"
-    )
+    raise DataError(f"data file {spec} does not exist (nor is it a dataset name: {', '.join(DATASETS)})")

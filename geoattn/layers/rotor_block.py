@@ -1,5 +1,6 @@
 """Rotor attention as modules: :class:`RotorAttention` (multi-head, one head type per head) and
-:class:`RotorPositionalEncoding` (``R(t) = exp(t B / 2)``, learned bivector per head; RoPE in 2D).
+:class:`RotorPositionalEncoding` (``R(t) = exp(t B / 2)``, learned bivector per head; RoPE in 2D), and
+the pre-norm :class:`RotorBlock` of the RotorTransformer.
 
 Multivectors are ``(B, N, C, dim)`` (tokens, channels, blades), invariant scalars ``(B, N, S)``.
 """
@@ -10,8 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.rotor import HEAD_TYPES, rotor_attention
-from geoattn.layers.multivector import EquiLinear, blade_grades
+from geoattn.attention.rotor_kernel import HEAD_TYPES, rotor_attention
+from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm, blade_grades
 
 
 class RotorPositionalEncoding(nn.Module):
@@ -147,3 +148,39 @@ class RotorAttention(nn.Module):
         o = torch.cat(outs, 1)[:, self.order]  # (B, H, N, Ch, dim) in head order
         o = o * self.grade_gain.to(o.dtype)[:, self.grades][:, None, None, :]
         return self.out(o.permute(0, 2, 1, 3, 4).reshape(B, N, H * Ch, -1), None)
+
+
+class RotorBlock(nn.Module):
+    """Pre-norm block: ``x + RotorAttention(norm(x))``, then ``x + GeometricMLP(norm(x))``; scalars alike.
+
+    ``forward(x (B, N, C, dim), s (B, N, S) | None, mask (B, N) | None) -> (x, s)`` of the same shapes.
+    ``per_grade_norm``: :class:`GradeLayerNorm` normalises each grade separately (else all blades
+    together); the MLP's hidden width is ``mlp_ratio · channels``.
+    """
+
+    def __init__(
+        self,
+        algebra: CliffordAlgebra,
+        channels: int,
+        head_types: tuple[str, ...],
+        head_channels: int,
+        *,
+        scalars: int = 0,
+        inverse: bool = False,
+        per_grade_norm: bool = False,
+        mlp_ratio: int = 2,
+    ):
+        super().__init__()
+        C, S = channels, scalars
+        self.norm1 = GradeLayerNorm(algebra, per_grade=per_grade_norm)
+        self.norm2 = GradeLayerNorm(algebra, per_grade=per_grade_norm)
+        self.snorm1 = nn.LayerNorm(S) if S else None
+        self.snorm2 = nn.LayerNorm(S) if S else None
+        self.attn = RotorAttention(algebra, C, head_types, head_channels, scalars=S, inverse=inverse)
+        self.mlp = GeometricMLP(algebra, C, S, hidden=mlp_ratio * C)
+
+    def forward(self, x: Tensor, s: Tensor | None, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        dx, ds = self.attn(self.norm1(x), self.snorm1(s) if s is not None else None, mask)
+        x, s = x + dx, (s + ds if s is not None else None)
+        dx, ds = self.mlp(self.norm2(x), self.snorm2(s) if s is not None else None)
+        return x + dx, (s + ds if s is not None else None)

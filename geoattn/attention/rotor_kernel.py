@@ -60,7 +60,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.precision import outside_autocast
+from geoattn.attention.dtypes import outside_autocast
 
 HEAD_TYPES = ("rotation", "reflection", "projection", "frame")
 BACKENDS = ("auto", "reference")

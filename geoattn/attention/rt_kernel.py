@@ -33,7 +33,7 @@ needs none of ``mu_r, sigma_t2, eta_t2`` to require grad. Otherwise the general 
 Problems with ``B·H·N² ≥ COMPILE_MIN_PAIRS`` run the per-token preparation (normalise, rotate,
 fold) and the blockwise tiles through `torch.compile` (the first call compiles, for tens of
 seconds on a CPU); smaller ones run eagerly. Half-precision inputs are computed in float32, with
-autocast switched off inside (`geoattn.attention.precision`).
+autocast switched off inside (`geoattn.attention.dtypes`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from torch import Tensor
 
 from geoattn.algebra.rotation import rope_angles, rotate_pairs
 from geoattn.attention.blockwise import COMPILE_MIN_PAIRS, MaybeCompiled, blockwise_attention
-from geoattn.attention.precision import outside_autocast, work_dtype
+from geoattn.attention.dtypes import outside_autocast, work_dtype
 from geoattn.rt.precision import rt_noise_variance
 
 BACKENDS = ("auto", "reference", "blockwise", "flex")

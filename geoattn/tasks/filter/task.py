@@ -1,0 +1,133 @@
+"""The ``filter`` task behind the trainer's contract: sequences from :mod:`.simulator`, the learned
+estimator of :mod:`.models`, and the reference estimators (:mod:`.estimators`) as baselines on the
+same validation pool."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from geoattn.errors import ConfigError
+from geoattn.models.base import ModelSizes, TaskModel
+from geoattn.models.lm import LM_MODELS, LMConfig
+from geoattn.tasks.base import Task
+from geoattn.tasks.filter import estimators
+from geoattn.tasks.filter.models import FilterModel
+from geoattn.tasks.filter.simulator import SPLIT_SEEDS, FilterConfig, FilterSample, simulate
+
+if TYPE_CHECKING:
+    from geoattn.training.config import TrainConfig
+
+
+class FilterTask(Task):
+    """RT-SDE direction filtering (see the module docstring and :class:`FilterConfig`)."""
+
+    name: ClassVar[str] = "filter"
+    models: ClassVar[dict[str, str]] = LM_MODELS
+    Settings: ClassVar[type] = FilterConfig
+    description: ClassVar[str] = (
+        "estimate a direction drifting on the sphere (the RT-SDE) from noisy measurements"
+    )
+    splits: ClassVar[tuple[str, ...]] = ("train", "val", "eval")
+
+    def __init__(self, config: FilterConfig | None = None):
+        self.config = config or FilterConfig()
+        self._pools: dict[str, FilterSample] = {}
+        self._baselines: dict[str, dict[str, float]] = {}
+
+    @classmethod
+    def settings_defaults(cls, config: TrainConfig) -> dict[str, Any]:
+        return {"seq_len": config.block_size}
+
+    @classmethod
+    def from_settings(
+        cls, settings: FilterConfig, config: TrainConfig, *, meta: dict[str, Any] | None, load_data: bool
+    ) -> FilterTask:
+        """The simulator described by ``settings``; the filter task generates its data (no ``--data``)."""
+        if config.data is not None:
+            raise ConfigError("the filter task generates its data; it takes no --data")
+        return cls(settings)
+
+    @classmethod
+    def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
+        return LMConfig, ("vocab_size", "block_size", "causal")
+
+    def pool(self, split: str) -> FilterSample:
+        """The fixed sequences of ``val`` or ``eval`` (drawn once from the split's seed, cached)."""
+        if split not in SPLIT_SEEDS:
+            raise ValueError(f"split {split!r} has no fixed pool; pools: {', '.join(SPLIT_SEEDS)}")
+        if split not in self._pools:
+            size = self.config.val_size if split == "val" else self.config.eval_size
+            generator = torch.Generator().manual_seed(SPLIT_SEEDS[split])
+            self._pools[split] = simulate(self.config, size, generator)
+        return self._pools[split]
+
+    def get_batch(
+        self, split: str, batch_size: int, generator: torch.Generator, device: torch.device | str = "cpu"
+    ) -> tuple[Tensor, Tensor]:
+        """``x`` ``(B, T, D + 1)`` = [z, times], ``y`` ``(B, T, D)`` = u; train fresh, val/eval pooled."""
+        if split not in self.splits:
+            raise ValueError(f"unknown split {split!r}; the filter task has {', '.join(self.splits)}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+        if split == "train":
+            sample = simulate(self.config, batch_size, generator)
+        else:
+            pool = self.pool(split)
+            index = torch.randint(pool.times.shape[0], (batch_size,), generator=generator)
+            sample = FilterSample(pool.times[index], pool.x[index], pool.z[index], pool.gains[index])
+        x = torch.cat((sample.z, sample.times[..., None]), dim=-1).float()
+        return x.to(device), sample.directions.float().to(device)
+
+    def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
+        """A causal :class:`FilterModel` around ``build_backbone(model, ...)`` with the run's sizes."""
+        config = LMConfig.from_sizes(
+            sizes, options, vocab_size=1, block_size=self.config.seq_len, causal=True
+        )
+        return FilterModel(model, self.config.dim, config)
+
+    def metrics(self, prediction: Tensor, y: Tensor) -> dict[str, float]:
+        """``angle_deg``: mean angular error (degrees) of the causal estimates."""
+        return {"angle_deg": float(estimators.angular_error_deg(prediction, y).mean())}
+
+    def meta(self) -> dict[str, Any]:
+        return {"task": self.name, "config": dataclasses.asdict(self.config)}
+
+    def estimates(self, split: str = "val") -> dict[str, Tensor]:
+        """Every reference estimator's causal estimates ``(B, T, D)`` on the ``split`` pool."""
+        pool, c, sde = self.pool(split), self.config, self.config.sde()
+        generator = torch.Generator().manual_seed(SPLIT_SEEDS[split] + 1)
+        return {
+            "rt_filter": estimators.rt_filter(pool.z, pool.times, sde, beta=c.beta),
+            "uniform": estimators.uniform_transported_mean(pool.z, pool.times, sde),
+            "kalman": estimators.tangent_kalman_filter(pool.z, pool.times, sde, gain_ratio=c.gain_ratio),
+            "particle": estimators.particle_filter(
+                pool.z,
+                pool.times,
+                sde,
+                m0_range=c.m0_range,
+                gain_ratio=c.gain_ratio,
+                n_particles=c.n_particles,
+                generator=generator,
+            ),
+            "raw": estimators.raw_directions(pool.z),
+        }
+
+    def baselines(self, split: str = "val") -> dict[str, float]:
+        """``{name: mean angular error in degrees}`` of the reference estimators on the ``split`` pool.
+
+        ``rt_filter``: closed-form RT-Filter with the true μ_r, σ_t², η_t², ω and ``config.beta``;
+        ``uniform``: transported mean, precision ignored; ``kalman``: tangent-space Kalman filter;
+        ``particle``: bootstrap particle filter (the near-optimal bound); ``raw``: ``z/|z|``.
+        Computed once per split and cached.
+        """
+        if split not in self._baselines:
+            target = self.pool(split).directions
+            self._baselines[split] = {
+                name: float(estimators.angular_error_deg(estimate, target).mean())
+                for name, estimate in self.estimates(split).items()
+            }
+        return dict(self._baselines[split])

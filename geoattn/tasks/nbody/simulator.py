@@ -1,0 +1,274 @@
+"""The ``nbody`` task: GATr's n-body protocol (SPEC §3; Brehmer et al. 2023, §5.1).
+
+A star and planets under Newtonian gravity: predict every body's position after a fixed time from
+its mass, position and velocity. Five sets, as GATr: ``train``, ``val``, ``eval``, the
+E(3)-generalisation set ``e3_generalization`` (translations with std 200 instead of 20) and the
+object-generalisation set ``object_generalization`` (5 planets instead of 3). They are simulated
+here from fixed seeds (:func:`simulate_systems`), or loaded from GATr's own files with
+``NBodyConfig(data=DIR)`` (:func:`load_gatr_format`); :func:`save_gatr_format` writes ours in that
+format, so both can be compared on the same samples.
+
+A batch is ``x`` ``(B, n, 7)`` = [mass, position (3), velocity (3)] per body and ``y`` ``(B, n, 3)``,
+the final positions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from geoattn.errors import ConfigError, DataError
+
+SETS = ("train", "val", "eval", "e3_generalization", "object_generalization")
+ARRAYS = ("m", "x_initial", "v_initial", "x_final")
+
+
+@dataclass
+class NBodyConfig:
+    """The n-body simulator (GATr's protocol) and set sizes; small CPU defaults.
+
+    Simulation, per sample: star mass log-uniform on ``star_mass_range``, ``n_planets`` planet masses
+    log-uniform on ``planet_mass_range``; the star at rest at the origin, planets uniform in area on
+    the annulus ``radius_range`` of the x-y plane, each on a circular orbit around the star
+    (speed ``sqrt(G M / r)``, clockwise or anticlockwise at random) plus Gaussian velocity noise
+    ``vel_std`` per component; then the bodies in random order, a Haar-random rotation and a
+    Gaussian translation (std ``shift_std``; ``e3_shift_std`` for the E(3)-generalisation set);
+    evolved for ``time`` in ``steps`` leapfrog steps (kick-drift-kick, symplectic; GATr uses
+    symplectic Euler; no softening — the close encounters it would tame are what the drop rule
+    removes); samples in which any body moves more than ``max_displacement`` are dropped and
+    replaced.
+
+    Fields:
+        data: a directory with GATr's files to load instead of simulating (``--data DIR``).
+        seed: base seed; each set has its own (``seed + its index in SETS``).
+        train_size, val_size, eval_size, e3_size, object_size: samples per set.
+        n_planets, object_planets: planets in the standard sets / the object-generalisation set.
+    """
+
+    data: str | None = None
+    seed: int = 0
+    train_size: int = 10_000
+    val_size: int = 1_000
+    eval_size: int = 1_000
+    e3_size: int = 1_000
+    object_size: int = 1_000
+    n_planets: int = 3
+    object_planets: int = 5
+    star_mass_range: tuple[float, float] = (1.0, 10.0)
+    planet_mass_range: tuple[float, float] = (0.01, 0.1)
+    radius_range: tuple[float, float] = (0.1, 1.0)
+    vel_std: float = 0.01
+    shift_std: float = 20.0
+    e3_shift_std: float = 200.0
+    G: float = 1.0
+    time: float = 0.1
+    steps: int = 100
+    max_displacement: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("star_mass_range", "planet_mass_range", "radius_range"):
+            low, high = (float(v) for v in getattr(self, name))
+            if not 0 < low <= high:
+                raise ConfigError(
+                    f"NBodyConfig.{name} must be (low, high) with 0 < low ≤ high, got {(low, high)}"
+                )
+            setattr(self, name, (low, high))
+        sizes = (
+            "train_size",
+            "val_size",
+            "eval_size",
+            "e3_size",
+            "object_size",
+            "n_planets",
+            "object_planets",
+        )
+        for name in (*sizes, "steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"NBodyConfig.{name} must be a positive integer, got {value!r}")
+        for name in ("vel_std", "shift_std", "e3_shift_std"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"NBodyConfig.{name} must be ≥ 0, got {getattr(self, name)}")
+        for name in ("G", "time", "max_displacement"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"NBodyConfig.{name} must be > 0, got {getattr(self, name)}")
+
+    def set_size(self, name: str) -> int:
+        return {
+            "train": self.train_size,
+            "val": self.val_size,
+            "eval": self.eval_size,
+            "e3_generalization": self.e3_size,
+            "object_generalization": self.object_size,
+        }[name]
+
+
+@dataclass
+class NBodySet:
+    """One set in GATr's layout: ``m`` ``(B, n)``, ``x_initial``, ``v_initial``, ``x_final`` ``(B, n, 3)``."""
+
+    m: Tensor
+    x_initial: Tensor
+    v_initial: Tensor
+    x_final: Tensor
+
+    def __len__(self) -> int:
+        return self.m.shape[0]
+
+    def inputs(self) -> Tensor:
+        """``(B, n, 7)``: mass, position, velocity per body."""
+        return torch.cat((self.m[..., None], self.x_initial, self.v_initial), dim=-1)
+
+    def subset(self, index: Tensor) -> NBodySet:
+        return NBodySet(*(getattr(self, a)[index] for a in ARRAYS))
+
+
+# ------------------------------------------------------------------------------------------------
+# Simulation
+
+
+def accelerations(m: Tensor, x: Tensor, G: float = 1.0) -> Tensor:
+    """Newtonian accelerations ``a_i = G Σ_{j≠i} m_j (x_j − x_i) / |x_j − x_i|³``.
+
+    Shapes: m ``(B, n)``, x ``(B, n, 3)`` → ``(B, n, 3)``.
+    """
+    diff = x[:, None, :, :] - x[:, :, None, :]  # (B, i, j, 3): x_j − x_i
+    dist2 = diff.square().sum(-1)
+    eye = torch.eye(x.shape[1], dtype=torch.bool, device=x.device)
+    inv3 = torch.where(eye, torch.zeros_like(dist2), dist2.clamp_min(1e-30) ** -1.5)  # no self-force
+    return G * ((m[:, None, :] * inv3)[..., None] * diff).sum(2)
+
+
+def leapfrog(
+    m: Tensor, x: Tensor, v: Tensor, *, time: float, steps: int, G: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Kick-drift-kick leapfrog over ``time`` in ``steps`` steps; the final ``(x, v)``, ``(B, n, 3)`` each."""
+    dt = time / steps
+    a = accelerations(m, x, G)
+    for _ in range(steps):
+        v = v + 0.5 * dt * a
+        x = x + dt * v
+        a = accelerations(m, x, G)
+        v = v + 0.5 * dt * a
+    return x, v
+
+
+def random_rotations(n: int, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Tensor:
+    """``(n, 3, 3)`` Haar-random rotations (QR of Gaussian matrices, signs fixed, det +1)."""
+    q, r = torch.linalg.qr(torch.randn(n, 3, 3, generator=generator, dtype=dtype))
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[:, None, :]
+    flip = torch.linalg.det(q) < 0
+    q[flip, :, 0] = -q[flip, :, 0]
+    return q
+
+
+def _log_uniform(shape: tuple[int, ...], bounds: tuple[float, float], generator: torch.Generator) -> Tensor:
+    low, high = math.log(bounds[0]), math.log(bounds[1])
+    return torch.exp(low + (high - low) * torch.rand(shape, generator=generator, dtype=torch.float64))
+
+
+def initial_conditions(
+    count: int, n_planets: int, config: NBodyConfig, generator: torch.Generator
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Star frame, before the random E(3) motion: ``m (B, n)``, ``x, v (B, n, 3)``, star first."""
+    star = _log_uniform((count, 1), config.star_mass_range, generator)
+    m = torch.cat((star, _log_uniform((count, n_planets), config.planet_mass_range, generator)), dim=1)
+    r_low, r_high = config.radius_range
+    radius = torch.sqrt(r_low**2 + (r_high**2 - r_low**2) * torch.rand(count, n_planets, generator=generator))
+    phase = 2 * math.pi * torch.rand(count, n_planets, generator=generator, dtype=torch.float64)
+    position = torch.stack(
+        (torch.cos(phase), torch.sin(phase), torch.zeros_like(phase)), -1
+    )  # unit, (B, p, 3)
+    spin = torch.where(torch.rand(count, n_planets, generator=generator) < 0.5, -1.0, 1.0).to(torch.float64)
+    tangent = spin[..., None] * torch.stack((-position[..., 1], position[..., 0], position[..., 2]), -1)
+    speed = torch.sqrt(config.G * star / radius.to(torch.float64))  # circular orbit around the star
+    velocity = speed[..., None] * tangent
+    velocity = velocity + config.vel_std * torch.randn(
+        velocity.shape, generator=generator, dtype=torch.float64
+    )
+    zeros = torch.zeros(count, 1, 3, dtype=torch.float64)
+    x = torch.cat((zeros, radius.to(torch.float64)[..., None] * position), dim=1)
+    return m, x, torch.cat((zeros, velocity), dim=1)
+
+
+def simulate_systems(
+    count: int, n_planets: int, config: NBodyConfig, generator: torch.Generator, *, shift_std: float
+) -> NBodySet:
+    """``count`` samples of the protocol (see :class:`NBodyConfig`), float64, vectorised over samples."""
+    chunks: list[NBodySet] = []
+    kept = 0
+    while kept < count:
+        candidates = math.ceil(1.1 * (count - kept)) + 8  # a few are dropped
+        m, x, v = initial_conditions(candidates, n_planets, config, generator)
+        order = torch.argsort(torch.rand(candidates, n_planets + 1, generator=generator), dim=1)
+        m, x, v = (
+            m.gather(1, order),
+            x.gather(1, order[..., None].expand_as(x)),
+            v.gather(1, order[..., None].expand_as(v)),
+        )
+        rotation = random_rotations(candidates, generator)
+        shift = shift_std * torch.randn(candidates, 1, 3, generator=generator, dtype=torch.float64)
+        x = torch.einsum("bij,bnj->bni", rotation, x) + shift
+        v = torch.einsum("bij,bnj->bni", rotation, v)
+        x_final, _ = leapfrog(m, x, v, time=config.time, steps=config.steps, G=config.G)
+        keep = (x_final - x).norm(dim=-1).amax(1) <= config.max_displacement
+        chunks.append(NBodySet(m[keep], x[keep], v[keep], x_final[keep]))
+        kept += int(keep.sum())
+    merged = NBodySet(*(torch.cat([getattr(c, a) for c in chunks]) for a in ARRAYS))
+    return merged.subset(torch.arange(count))
+
+
+# ------------------------------------------------------------------------------------------------
+# GATr's file format
+
+
+def save_gatr_format(sets: dict[str, NBodySet], directory: str | Path) -> None:
+    """Write ``{name}.npz`` with arrays ``m, x_initial, v_initial, x_final`` per set (GATr's layout)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in sets.items():
+        np.savez(directory / f"{name}.npz", **{a: getattr(data, a).cpu().numpy() for a in ARRAYS})
+
+
+def load_gatr_format(directory: str | Path, names: tuple[str, ...] = SETS) -> dict[str, NBodySet]:
+    """Read GATr's ``{name}.npz`` files (float64 tensors), checking every array's presence and shape."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise DataError(f"nbody data directory {str(directory)!r} does not exist")
+    sets = {}
+    for name in names:
+        path = directory / f"{name}.npz"
+        if not path.is_file():
+            needed = ", ".join(f"{n}.npz" for n in names)
+            raise DataError(f"nbody data: missing file {str(path)!r} (GATr's format needs {needed})")
+        with np.load(path) as npz:
+            missing = [a for a in ARRAYS if a not in npz.files]
+            if missing:
+                raise DataError(f"nbody data: {str(path)!r} lacks array(s) {', '.join(missing)}")
+            arrays = {a: np.asarray(npz[a]) for a in ARRAYS}
+        m = arrays["m"]
+        if m.ndim != 2 or m.shape[0] == 0:
+            raise DataError(
+                f"nbody data: {str(path)!r} array m has shape {m.shape}, expected (B, n) with B ≥ 1"
+            )
+        for a in ARRAYS[1:]:
+            if arrays[a].shape != (*m.shape, 3):
+                raise DataError(
+                    f"nbody data: {str(path)!r} array {a} has shape {arrays[a].shape}, "
+                    f"expected {(*m.shape, 3)} (m has {m.shape})"
+                )
+        sets[name] = NBodySet(*(torch.from_numpy(arrays[a]).to(torch.float64) for a in ARRAYS))
+    return sets
+
+
+def random_orthogonal(n: int, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Tensor:
+    """``(n, 3, 3)`` Haar-random elements of O(3): rotations, half of them composed with a reflection."""
+    q = random_rotations(n, generator, dtype)
+    flip = torch.rand(n, generator=generator) < 0.5
+    q[flip] = -q[flip]  # −R: a rotation times the point reflection, det −1
+    return q

@@ -1,0 +1,169 @@
+"""The ``nbody`` task behind the trainer's contract: GATr's five sets (:mod:`.simulator`), the
+networks (:mod:`.models`), batches, metrics and the full-set evaluation (E(3) and object generalisation,
+equivariance error)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from geoattn.models.base import ModelSizes, TaskModel
+from geoattn.models.lm import LMConfig
+from geoattn.models.rotor_transformer import RotorTransformerConfig
+from geoattn.tasks.base import Task
+from geoattn.tasks.nbody.models import NBodyRotor, NBodyTransformer, centroid
+from geoattn.tasks.nbody.simulator import (
+    SETS,
+    NBodyConfig,
+    NBodySet,
+    load_gatr_format,
+    random_orthogonal,
+    random_rotations,
+    save_gatr_format,
+    simulate_systems,
+)
+
+if TYPE_CHECKING:
+    from geoattn.training.config import TrainConfig
+
+# the rotor model's inputs and outputs: mass as a scalar; centred position, velocity, relative velocity
+# as vectors in; the displacement as one vector out
+ROTOR_IO = {"in_channels": 3, "in_scalars": 1, "out_channels": 1, "out_scalars": 0}
+
+
+class NBodyTask(Task):
+    """GATr's n-body problem (see the module docstring and :class:`NBodyConfig`)."""
+
+    name: ClassVar[str] = "nbody"
+    models: ClassVar[dict[str, str]] = {
+        "transformer": "bidirectional Transformer over bodies (translation-equivariant by centring only)",
+        "rotor": "RotorTransformer, E(3)-equivariant (Cl(3) with centring, or PGA)",
+    }
+    Settings: ClassVar[type] = NBodyConfig
+    description: ClassVar[str] = "GATr's n-body problem: final positions of a star and its planets"
+    splits: ClassVar[tuple[str, ...]] = SETS
+
+    def __init__(self, config: NBodyConfig | None = None):
+        self.config = config or NBodyConfig()
+        self._sets: dict[str, NBodySet] = load_gatr_format(self.config.data) if self.config.data else {}
+
+    @classmethod
+    def settings_defaults(cls, config: TrainConfig) -> dict[str, Any]:
+        return {"data": config.data}
+
+    @classmethod
+    def from_settings(
+        cls, settings: NBodyConfig, config: TrainConfig, *, meta: dict[str, Any] | None, load_data: bool
+    ) -> NBodyTask:
+        """The simulator described by ``settings``, or GATr's files in ``--data DIR``."""
+        return cls(settings)
+
+    @classmethod
+    def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
+        if model == "rotor":
+            return RotorTransformerConfig, tuple(ROTOR_IO)
+        return LMConfig, ("vocab_size", "block_size", "causal", "pos")
+
+    def dataset(self, name: str) -> NBodySet:
+        """The set ``name`` (simulated from its seed on first use, or loaded from ``config.data``)."""
+        if name not in SETS:
+            raise ValueError(f"unknown split {name!r}; the nbody task has {', '.join(SETS)}")
+        if name not in self._sets:
+            c = self.config
+            generator = torch.Generator().manual_seed(c.seed + SETS.index(name))
+            planets = c.object_planets if name == "object_generalization" else c.n_planets
+            shift = c.e3_shift_std if name == "e3_generalization" else c.shift_std
+            self._sets[name] = simulate_systems(c.set_size(name), planets, c, generator, shift_std=shift)
+        return self._sets[name]
+
+    def save_gatr_format(self, directory: str | Path) -> None:
+        """Write all five sets in GATr's format (``{name}.npz``) to ``directory``."""
+        save_gatr_format({name: self.dataset(name) for name in SETS}, directory)
+
+    def get_batch(
+        self, split: str, batch_size: int, generator: torch.Generator, device: torch.device | str = "cpu"
+    ) -> tuple[Tensor, Tensor]:
+        """``x`` ``(B, n, 7)``, ``y`` ``(B, n, 3)`` float32: samples of ``split`` drawn with ``generator``."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+        data = self.dataset(split)
+        batch = data.subset(torch.randint(len(data), (batch_size,), generator=generator))
+        return batch.inputs().float().to(device), batch.x_final.float().to(device)
+
+    def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
+        """``transformer`` (bidirectional, no positions) or ``rotor`` (RotorTransformer), run's sizes."""
+        if model == "rotor":
+            return NBodyRotor(RotorTransformerConfig.from_sizes(sizes, options, **ROTOR_IO))
+        block_size = max(self.config.n_planets, self.config.object_planets) + 1
+        config = LMConfig.from_sizes(
+            sizes, options, vocab_size=1, block_size=block_size, causal=False, pos="none"
+        )
+        return NBodyTransformer(config)
+
+    def metrics(self, prediction: Tensor, y: Tensor) -> dict[str, float]:
+        """``mse`` of the final positions."""
+        return {"mse": float(F.mse_loss(prediction, y))}
+
+    def meta(self) -> dict[str, Any]:
+        return {"task": self.name, "config": dataclasses.asdict(self.config)}
+
+    def final_metrics(self, model: TaskModel, config: TrainConfig, device: torch.device) -> dict[str, float]:
+        """MSE on the whole eval, E(3)- and object-generalisation sets; the equivariance error."""
+        return self.evaluate_sets(model)
+
+    @torch.no_grad()
+    def evaluate_sets(self, model: nn.Module, *, batch_size: int = 256, seed: int = 0) -> dict[str, float]:
+        """MSE on ``eval``, ``e3_generalization``, ``object_generalization`` and the equivariance error.
+
+        Every set runs in batches of its own number of bodies (no padding). The equivariance error is
+        :func:`equivariance_error` on the eval set with a random rotation or reflection and a
+        translation (std ``shift_std``) drawn from ``seed``.
+        """
+        parameter = next(model.parameters())
+        results = {}
+        for name in ("eval", "e3_generalization", "object_generalization"):
+            data, total = self.dataset(name), 0.0
+            for start in range(0, len(data), batch_size):
+                batch = data.subset(torch.arange(start, min(start + batch_size, len(data))))
+                x = batch.inputs().to(parameter.device, parameter.dtype)
+                prediction, _ = model(x)
+                target = batch.x_final.to(prediction.device, prediction.dtype)
+                total += float(F.mse_loss(prediction, target, reduction="sum"))
+            results[f"{name}_mse"] = total / data.x_final.numel()
+        sample = self.dataset("eval").subset(torch.arange(min(batch_size, len(self.dataset("eval")))))
+        x = sample.inputs().to(parameter.device, parameter.dtype)
+        generator = torch.Generator().manual_seed(seed)
+        results["equivariance_error"] = equivariance_error(
+            model, x, generator, shift_std=self.config.shift_std
+        )
+        return results
+
+
+@torch.no_grad()
+def equivariance_error(
+    model: nn.Module, x: Tensor, generator: torch.Generator, *, shift_std: float = 1.0, reflect: bool = True
+) -> float:
+    """Relative E(3)-equivariance error of an n-body model on inputs ``x`` ``(B, n, 7)``.
+
+    With ``g = (Q, t)`` random (Q ∈ O(3), or SO(3) if ``not reflect``; t ~ N(0, shift_std²)) acting
+    on positions by ``Q x + t`` and on velocities by ``Q v``:
+    ``‖f(g·x) − g·f(x)‖ / ‖f(x) − centroid(x)‖`` (Frobenius norms over the batch).
+    """
+    batch = x.shape[0]
+    q = (random_orthogonal if reflect else random_rotations)(batch, generator).to(x.device, x.dtype)
+    t = (shift_std * torch.randn(batch, 1, 3, generator=generator, dtype=torch.float64)).to(x.device, x.dtype)
+    position, velocity = x[..., 1:4], x[..., 4:7]
+
+    def act(points: Tensor, shift: Tensor | float) -> Tensor:
+        return torch.einsum("bij,bnj->bni", q, points) + shift
+
+    moved = torch.cat((x[..., :1], act(position, t), act(velocity, 0.0)), dim=-1)
+    out, _ = model(x)
+    out_moved, _ = model(moved)
+    scale = (out - centroid(position)).norm()
+    return float((out_moved - act(out, t)).norm() / scale.clamp_min(torch.finfo(scale.dtype).tiny))
