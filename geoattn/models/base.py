@@ -10,11 +10,13 @@ questions below and nothing else; each has a default, so a new model overrides o
 | ``normalize_weights()`` | called after every optimiser step | nothing |
 | ``attention_maps(x)`` | one ``(B, H, T, T)`` map per layer for ``attention.png`` | ``[]`` (no plot) |
 | ``rt_filter_parameters()`` | the first RT layer's (μ_r, σ_t², η_t²) for ``precision.png`` | found by type |
+| ``plots(directory)`` | the model's own PNGs in the run directory (e.g. rotor positions) | none |
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
@@ -80,6 +82,10 @@ class TaskModel(nn.Module):
             if isinstance(module, RTAttention):
                 return module.precision_parameters()
         return None
+
+    def plots(self, directory: Path) -> list[Path]:
+        """Write the model's own PNG plots into ``directory``; returns their paths (default: none)."""
+        return []
 
     def num_params(self) -> int:
         """All parameters (tied weights counted once)."""

@@ -106,7 +106,7 @@ class RunDirectory:
             raise ConfigError(f"--out {self.path} exists and is not a directory")
         if not self.path.is_dir() or not any(self.path.iterdir()):
             return
-        failed_start = not self.has_checkpoint() and all(p.name in self.FILES for p in self.path.iterdir())
+        failed_start = not self.has_checkpoint() and all(self.owns(p) for p in self.path.iterdir())
         if not (force or failed_start):
             raise ConfigError(
                 f"--out {self.path} is not empty; pass --resume to continue that run "
@@ -115,10 +115,16 @@ class RunDirectory:
         if clear:
             self.clear()
 
+    def owns(self, path: Path) -> bool:
+        """Whether ``path`` is one of the files a run writes."""
+        return path.name in self.FILES or (path.name.startswith("model_") and path.suffix == ".png")
+
     def clear(self) -> None:
         """Delete the run's own files (and nothing else)."""
         for name in self.FILES:
             self.file(name).unlink(missing_ok=True)
+        for path in self.path.glob("model_*.png"):
+            path.unlink()
 
     # ------------------------------------------------------------------ files --------------------
     def _atomic_write(self, name: str, write: Callable[[Path], None]) -> None:
@@ -226,7 +232,10 @@ class RunDirectory:
     # ------------------------------------------------------------------ plots and report ---------
     def plot(self, model: TaskModel, x: torch.Tensor | None) -> list[Path]:
         """Every plot that applies: loss curves; the attention map of ``x`` (a validation batch) if the
-        model shows one; the RT precision if it has an RT layer."""
+        model shows one; the RT precision if it has an RT layer; the model's own (``model.plots``).
+
+        Clearing a run (``--force``) removes the PNGs named in ``PLOTS``; a model's own plots are
+        named ``model_*.png`` so they are cleared too."""
         written = [plots.loss_curves(self.metrics(), self.file("loss.png"), title=self.path.name)]
         if x is not None:
             maps = model.attention_maps(x[:1]) if x is not None else []
@@ -235,7 +244,7 @@ class RunDirectory:
         params = model.rt_filter_parameters()
         if params is not None:
             written.append(plots.rt_precision(params, self.file("precision.png")))
-        return written
+        return written + model.plots(self.path)
 
     def report(self, result: dict[str, Any], written: list[Path]) -> str:
         """What ``geoattn train`` prints at the end of a run."""
