@@ -1,4 +1,4 @@
-"""The `geoattn` command: quickstart | train | eval | sample | bench | data."""
+"""The `geoattn` command: quickstart | train | eval | sample | experiment | bench | data."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def train_config_from_args(args: argparse.Namespace):
     """The TrainConfig of ``geoattn train`` (saved config, TOML, --set and flags layered)."""
-    from geoattn.training.config import load_toml, merge, parse_set
+    from geoattn.training.config import build_config, load_toml, parse_set
     from geoattn.training.run_dir import RunDirectory
 
     base = RunDirectory(args.out).read_config()["train"] if args.resume else {}
@@ -104,7 +104,7 @@ def train_config_from_args(args: argparse.Namespace):
     if args.plots is not None:
         flags["plots"] = args.plots
     out = {"out": str(args.out)} if args.out else {}
-    return merge(base, toml, sets, flags, out)
+    return build_config(base, toml, sets, flags, out)
 
 
 def cmd_list_settings(args: argparse.Namespace) -> int:
@@ -115,6 +115,9 @@ def cmd_list_settings(args: argparse.Namespace) -> int:
     print(f"task {task.name}: {task.description}")
     print(format_table(["--model", "what"], [[name, text] for name, text in task.models.items()]))
     model = config.model if config.model in task.models else None
+    recipe = task.recipes.get(config.model)
+    if recipe:
+        print(f"\n{config.model}'s recipe (its defaults here, measured): {recipe}")
     print(f"\nsettings (--set KEY=VALUE){'' if model else ' (pick --model to see its model.* keys)'}:")
     print(format_table(["key", "type", "default", "what"], task.settings_table(model)))
     return 0
@@ -270,6 +273,11 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     d.add_argument("name", help="dataset name (see geoattn data list)")
     d.add_argument("--force", action="store_true", help="download again even if cached")
     d.set_defaults(func=cmd_data_download)
+    make = actions.add_parser("make", help="build a simulated dataset into the cache (molecule: MD with xTB)")
+    kinds = make.add_subparsers(dest="kind", required=True)
+    from geoattn.tasks.molecule.cli import add_make_molecule
+
+    add_make_molecule(kinds)
 
 
 def cmd_data_list(args: argparse.Namespace) -> int:
@@ -288,6 +296,48 @@ def cmd_data_download(args: argparse.Namespace) -> int:
     from geoattn.tasks.lm.datasets import download
 
     print(download(args.name, force=args.force))
+    return 0
+
+
+# ------------------------------------------------------------------------------------ experiment ----
+def _add_experiment(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "experiment",
+        help="run a named grid of runs (experiments/NAME.toml) resumably and write results/NAME.md",
+        description="Run the experiment defined in experiments/NAME.toml (cells x seeds): finished runs are "
+        "skipped, interrupted ones resume from their checkpoints, then the results are aggregated into "
+        "results/NAME.md (mean ± std, every seed, verdicts) and results/NAME_*.png.",
+    )
+    p.add_argument("name", help="experiment name (experiments/NAME.toml) or a path to such a file")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and what would happen to each")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (worker processes); default 1")
+    p.add_argument("--runs", default="runs/experiments", help="where the run directories live")
+    p.add_argument("--results", default="results", help="where the report and plots go")
+    p.add_argument("--report-only", action="store_true", help="aggregate what is finished, run nothing")
+    p.set_defaults(func=cmd_experiment)
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from geoattn.experiments import execute, load_spec, plan, write_report
+
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    spec = load_spec(args.name)
+    runs = Path(args.runs)
+    plans = plan(spec, runs)
+    if args.dry_run:
+        rows = [
+            [p.cell.name, p.seed, p.status + (f" at {p.at_iter}" if p.status == "resume" else ""), p.out]
+            for p in plans
+        ]
+        print(f"experiment {spec.name}: {len(plans)} runs ({sum(p.status != 'done' for p in plans)} to run)")
+        print(format_table(["cell", "seed", "status", "run directory"], rows))
+        return 0
+    if not args.report_only:
+        execute(spec, plans, jobs=args.jobs, print_line=lambda line: print(line, flush=True))
+        plans = plan(spec, runs)
+    path = write_report(spec, plans, Path(args.results), runs)
+    print(f"wrote {path}")
     return 0
 
 
@@ -311,6 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_eval(sub)
     _add_sample(sub)
+    _add_experiment(sub)
     _add_bench(sub)
     _add_data(sub)
     return parser

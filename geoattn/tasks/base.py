@@ -50,6 +50,9 @@ class Task(ABC):
     models: ClassVar[dict[str, str]]
     Settings: ClassVar[type | None] = None
     description: ClassVar[str] = ""
+    # model name -> TrainConfig fields of its best known recipe (measured; see results/): the defaults
+    # of `geoattn train --task T --model M`, below anything the user sets
+    recipes: ClassVar[dict[str, dict[str, Any]]] = {}
 
     # ------------------------------------------------------------------ construction -------------
     @classmethod

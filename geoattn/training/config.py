@@ -1,7 +1,8 @@
 """The training configuration: one typed dataclass, read from TOML and overridden from the command line.
 
-Precedence, lowest first: the defaults below, a checkpoint's saved config (``--resume``), a TOML
-file (``--config``), ``--set key=value`` overrides, explicit command-line flags.
+Precedence, lowest first: the defaults below, the task's recipe for the model (``Task.recipes``: the
+best settings measured for it), a checkpoint's saved config (``--resume``), a TOML file
+(``--config``), ``--set key=value`` overrides, explicit command-line flags.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class TrainConfig:
     # optimisation: AdamW, linear warmup then a decay to min_lr at lr_decay_iters
     max_iters: int = _opt(2000, "optimiser steps")
     batch_size: int = _opt(12, "global batch (split across DDP ranks)")
-    lr: float = _opt(1e-3, "peak learning rate")
+    lr: float = _opt(1e-3, "peak learning rate (default: the model's recipe, see --list-settings; else 1e-3)")
     min_lr: float | None = _opt(
         None, "learning rate at the end of the decay (default: lr/10 for cosine, lr/100 for exponential)"
     )
@@ -258,3 +259,13 @@ def merge(base: dict[str, Any], *layers: dict[str, Any]) -> TrainConfig:
             else:
                 values[key] = value
     return TrainConfig(**{k: coerce(k, v) for k, v in values.items()})
+
+
+def build_config(*layers: dict[str, Any]) -> TrainConfig:
+    """The TrainConfig of a run: the task's recipe for the model (``Task.recipes``, its measured best
+    settings), then ``layers`` (lowest first: a saved config, TOML, ``--set``, flags)."""
+    from geoattn.tasks import task_class
+
+    probe = merge({}, *layers)
+    recipe = task_class(probe.task).recipes.get(probe.model, {})
+    return merge(recipe, *layers)

@@ -8,6 +8,7 @@ Files of a run (nothing else in the directory is ever touched):
 | ``metrics.jsonl`` | every ``log_interval`` steps | one JSON record per line |
 | ``model.safetensors`` + ``trainer_state.pt`` | every evaluation, at the end, on Ctrl-C | the checkpoint |
 | ``summary.json`` | at the end | the final metrics (full-set ones included), iterations, wall time |
+| ``evaluation.json`` | by ``geoattn experiment`` | the task's evaluation table (``geoattn eval``'s rows) |
 | ``*.png`` | at the end | loss curves, an attention map, the RT precision (what applies) |
 
 Every file is written to a temporary name in the same directory and moved into place with
@@ -72,8 +73,9 @@ class RunDirectory:
     STATE = "trainer_state.pt"
     METRICS = "metrics.jsonl"
     SUMMARY = "summary.json"
+    EVALUATION = "evaluation.json"
     PLOTS = ("loss.png", "attention.png", "precision.png")
-    FILES = (CONFIG, WEIGHTS, STATE, METRICS, SUMMARY, *PLOTS)
+    FILES = (CONFIG, WEIGHTS, STATE, METRICS, SUMMARY, EVALUATION, *PLOTS)
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -228,6 +230,13 @@ class RunDirectory:
     def read_summary(self) -> dict[str, Any]:
         path = self.file(self.SUMMARY)
         return json.loads(path.read_text()) if path.exists() else {}
+
+    def write_evaluation(self, rows: list[dict[str, Any]]) -> None:
+        self._write_json(self.EVALUATION, {"rows": rows})
+
+    def read_evaluation(self) -> list[dict[str, Any]]:
+        path = self.file(self.EVALUATION)
+        return json.loads(path.read_text())["rows"] if path.exists() else []
 
     # ------------------------------------------------------------------ plots and report ---------
     def plot(self, model: TaskModel, x: torch.Tensor | None) -> list[Path]:

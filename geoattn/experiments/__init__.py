@@ -1,0 +1,23 @@
+"""Experiments: a grid of runs (cells × seeds) defined in ``experiments/NAME.toml``, run resumably,
+then aggregated into ``results/NAME.md`` and ``results/NAME_*.png`` (``geoattn experiment NAME``).
+
+spec.py     the experiment file: base settings, cells, seeds, metrics, comparisons, plots
+runner.py   plan (what is done, what resumes, what is new) and execution (in process or parallel)
+report.py   mean ± std per cell, every seed's number, verdicts by the two-standard-error rule, plots
+"""
+
+from geoattn.experiments.report import Comparison, aggregate, verdict, write_report
+from geoattn.experiments.runner import RunPlan, execute, plan
+from geoattn.experiments.spec import ExperimentSpec, load_spec
+
+__all__ = [
+    "ExperimentSpec",
+    "load_spec",
+    "RunPlan",
+    "plan",
+    "execute",
+    "Comparison",
+    "aggregate",
+    "verdict",
+    "write_report",
+]

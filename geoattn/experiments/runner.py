@@ -1,0 +1,139 @@
+"""Planning and running an experiment's grid, resumably.
+
+A run is *done* when its ``summary.json`` says it reached ``max_iters`` (and, if the experiment
+evaluates, its ``evaluation.json`` exists); it *resumes* when its directory holds a checkpoint; else
+it is *new*. Interrupting (Ctrl-C) saves every running run's checkpoint, so a long suite can be
+carried across several sittings by running the same command again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from geoattn.experiments.spec import Cell, ExperimentSpec, cell_dir
+from geoattn.training.run_dir import RunDirectory
+
+
+@dataclass
+class RunPlan:
+    """One run of the grid and what has to happen to it."""
+
+    cell: Cell
+    seed: int
+    out: Path
+    config: dict[str, Any]  # TrainConfig fields
+    status: str  # "done" | "resume" | "new"
+    at_iter: int = 0  # the checkpoint's iteration when resuming
+
+
+def _status(run: RunDirectory, max_iters: int, evaluate: bool) -> tuple[str, int]:
+    summary = run.read_summary()
+    if summary.get("iter") == max_iters and not summary.get("interrupted"):
+        if not evaluate or run.file(RunDirectory.EVALUATION).exists():
+            return "done", max_iters
+    if run.has_checkpoint():
+        return "resume", int(run.load_trainer_state()["iter"])
+    return "new", 0
+
+
+def plan(spec: ExperimentSpec, runs: Path) -> list[RunPlan]:
+    """Every (cell, seed) of ``spec`` with its run directory under ``runs`` and its status."""
+    plans = []
+    for cell in spec.cells:
+        for seed in spec.seeds:
+            out = cell_dir(runs, spec, cell, seed)
+            config = spec.config(cell, seed, out)
+            status, at = _status(RunDirectory(out), config["max_iters"], spec.evaluate)
+            plans.append(RunPlan(cell, seed, out, config, status, at))
+    return plans
+
+
+def run_one(
+    config: dict[str, Any], resume: bool, evaluate: bool, threads: int | None = None
+) -> dict[str, Any]:
+    """Train (or resume) one run in this process; evaluate it if asked. Returns its summary."""
+    import torch
+
+    from geoattn.tasks import get_task
+    from geoattn.training.config import TrainConfig
+    from geoattn.training.evaluate import evaluation_rows, load_run
+    from geoattn.training.trainer import Trainer
+
+    if threads:
+        torch.set_num_threads(threads)
+    train = TrainConfig(**config)
+    run = RunDirectory(train.out)
+    summary = run.read_summary()
+    finished = summary.get("iter") == train.max_iters and not summary.get("interrupted")
+    if not finished:
+        run.prepare(resume=resume)
+        task = get_task(train, meta=run.read_config()["task"] if resume else None)
+        trainer = Trainer(train, task, run.path, verbose=False)
+        if resume:
+            trainer.resume()
+        summary = trainer.train()
+        if summary["interrupted"]:
+            return summary
+    if evaluate:
+        loaded = load_run(run.path)
+        rows = [dataclasses.asdict(r) for r in evaluation_rows(loaded)]
+        run.write_evaluation(rows)
+    return run.read_summary()
+
+
+def _line(index: int, total: int, p: RunPlan, text: str) -> str:
+    return f"[{index}/{total}] {p.cell.name} seed {p.seed}: {text}"
+
+
+def _outcome(summary: dict[str, Any], metrics: list[str]) -> str:
+    values = {**summary, **summary.get("final", {})}
+    shown = [f"{m} {values[m]:.4g}" for m in metrics if isinstance(values.get(m), (int, float))]
+    return "  ".join(shown) + f"  (trained in {summary.get('wall_s', 0):.0f} s)"
+
+
+def execute(
+    spec: ExperimentSpec,
+    plans: list[RunPlan],
+    *,
+    jobs: int = 1,
+    print_line: Callable[[str], None] = print,
+) -> None:
+    """Run every plan that is not done: in this process (``jobs=1``) or in ``jobs`` worker
+    processes with ``cpu_count // jobs`` threads each. One progress line per run."""
+    todo = [p for p in plans if p.status != "done"]
+    total = len(todo)
+    if jobs <= 1:
+        for index, p in enumerate(todo, 1):
+            begin = f"resuming at iter {p.at_iter}" if p.status == "resume" else "starting"
+            print_line(_line(index, total, p, begin))
+            summary = run_one(p.config, p.status == "resume", spec.evaluate)
+            if summary.get("interrupted"):
+                print_line(
+                    _line(index, total, p, f"interrupted at iter {summary['iter']} (checkpoint saved)")
+                )
+                raise KeyboardInterrupt
+            print_line(_line(index, total, p, "done  " + _outcome(summary, spec.metrics)))
+        return
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        futures = {}
+        for index, p in enumerate(todo, 1):
+            futures[pool.submit(run_one, p.config, p.status == "resume", spec.evaluate, threads)] = (index, p)
+        for future in as_completed(futures):
+            index, p = futures[future]
+            summary = future.result()
+            if summary.get("interrupted"):
+                print_line(
+                    _line(index, total, p, f"interrupted at iter {summary['iter']} (checkpoint saved)")
+                )
+                continue
+            print_line(_line(index, total, p, "done  " + _outcome(summary, spec.metrics)))
+    sys.stdout.flush()

@@ -1,0 +1,197 @@
+"""The experiment file (``experiments/NAME.toml``): what to run and what to report.
+
+Example::
+
+    description = "Which LM wins at nanoGPT's CPU recipe?"
+    conclusion = "..."                           # the reading, written after looking at the numbers
+    seeds = [1, 2, 3]
+    metrics = ["val_loss_full", "wall_s"]        # keys of each run's summary / evaluation
+    evaluate = true                              # also store the task's evaluation table per run
+
+    [base]                                       # TrainConfig fields shared by every cell
+    task = "lm"
+    data = "../shared/data/tinyshakespeare.txt"
+    max_iters = 2000
+
+    [[cells]]                                    # one column of the grid: a name and its fields
+    name = "transformer"
+    model = "transformer"
+
+    [[cells]]
+    name = "rt, no process noise"
+    model = "rt"
+    model_options = { process_noise = false }
+
+    [[compare]]                                  # a verdict: a against b on a metric
+    a = "rt, no process noise"
+    b = "transformer"
+    metric = "val_loss_full"
+
+    [[plots]]                                    # "bar" of one metric, or "curve" of metrics
+    kind = "bar"                                 # sharing a prefix (e.g. the context lengths)
+    metric = "val_loss_full"
+
+Cells' fields are TrainConfig fields (``model_options`` / ``task_options`` tables merge with the
+base's); each model's recipe (``Task.recipes``) sits below them, as on the command line.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from geoattn.errors import ConfigError
+from geoattn.training.config import FIELDS, build_config
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+EXPERIMENTS_DIR = Path("experiments")
+PLOT_KINDS = ("bar", "curve")
+TOP_KEYS = {
+    "description",
+    "conclusion",
+    "seeds",
+    "metrics",
+    "higher_is_better",
+    "evaluate",
+    "base",
+    "cells",
+    "compare",
+    "plots",
+}
+
+
+@dataclass
+class Cell:
+    """One setting of the grid: a name (a row of the report) and its TrainConfig fields."""
+
+    name: str
+    fields: dict[str, Any]
+
+
+@dataclass
+class ExperimentSpec:
+    """A parsed experiment file (see the module docstring)."""
+
+    name: str
+    path: Path
+    description: str
+    conclusion: str
+    seeds: list[int]
+    metrics: list[str]
+    base: dict[str, Any]
+    cells: list[Cell]
+    compare: list[dict[str, str]] = field(default_factory=list)
+    plots: list[dict[str, str]] = field(default_factory=list)
+    higher_is_better: list[str] = field(default_factory=list)
+    evaluate: bool = False
+
+    def config(self, cell: Cell, seed: int, out: Path) -> dict[str, Any]:
+        """The TrainConfig fields (as a dict) of ``cell`` at ``seed`` writing into ``out``."""
+        values = dict(self.base)
+        for key, value in cell.fields.items():
+            if key in ("model_options", "task_options"):
+                values[key] = {**values.get(key, {}), **value}
+            else:
+                values[key] = value
+        values.update(seed=seed, out=str(out))
+        return build_config(values).to_dict()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_") or "cell"
+
+
+def find_spec(name: str) -> Path:
+    """``experiments/NAME.toml`` (relative to the working directory) or ``name`` as a path."""
+    candidates = [Path(name), EXPERIMENTS_DIR / f"{name}.toml"]
+    for path in candidates:
+        if path.is_file():
+            return path
+    available = sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.toml")) if EXPERIMENTS_DIR.is_dir() else []
+    raise ConfigError(
+        f"no experiment {name!r}: neither {candidates[1]} nor a file {name} exists"
+        + (f"; available: {', '.join(available)}" if available else "")
+    )
+
+
+def load_spec(name: str) -> ExperimentSpec:
+    """Parse and check an experiment file; ConfigError (one line) naming the problem."""
+    path = find_spec(name)
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"experiment file {path} is not valid TOML: {err}") from None
+    where = f"experiment file {path}"
+    unknown = sorted(set(doc) - TOP_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(TOP_KEYS))}"
+        )
+    seeds = doc.get("seeds", [1337])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise ConfigError(f"{where}: seeds must be a non-empty list of integers, got {seeds!r}")
+    metrics = doc.get("metrics")
+    if not isinstance(metrics, list) or not metrics or not all(isinstance(m, str) for m in metrics):
+        raise ConfigError(f"{where}: metrics must be a non-empty list of metric names")
+    base = doc.get("base", {})
+    if not isinstance(base, dict):
+        raise ConfigError(f"{where}: [base] must be a table of TrainConfig fields")
+    raw_cells = doc.get("cells")
+    if not isinstance(raw_cells, list) or not raw_cells:
+        raise ConfigError(f"{where}: needs at least one [[cells]] entry")
+    cells, names = [], set()
+    for index, raw in enumerate(raw_cells):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise ConfigError(f"{where}: cell {index + 1} needs a name")
+        fields = {k: v for k, v in raw.items() if k != "name"}
+        bad = sorted(k for k in [*fields, *base] if k not in FIELDS or k in ("out", "seed"))
+        if bad:
+            raise ConfigError(
+                f"{where}: cell {raw['name']!r}: {', '.join(bad)} are not settable TrainConfig fields"
+            )
+        if _slug(raw["name"]) in names:
+            raise ConfigError(f"{where}: two cells named {raw['name']!r}")
+        names.add(_slug(raw["name"]))
+        cells.append(Cell(raw["name"], fields))
+    cell_names = {c.name for c in cells}
+    compare = doc.get("compare", [])
+    for entry in compare:
+        missing = [k for k in ("a", "b", "metric") if k not in entry]
+        if missing or entry["a"] not in cell_names or entry["b"] not in cell_names:
+            raise ConfigError(f"{where}: [[compare]] needs a, b (cell names) and metric, got {entry}")
+    plots = doc.get("plots", [])
+    for entry in plots:
+        if entry.get("kind") not in PLOT_KINDS or "metric" not in entry:
+            raise ConfigError(f"{where}: [[plots]] needs kind in {PLOT_KINDS} and metric, got {entry}")
+    spec = ExperimentSpec(
+        name=path.stem,
+        path=path,
+        description=str(doc.get("description", "")),
+        conclusion=str(doc.get("conclusion", "")),
+        seeds=seeds,
+        metrics=metrics,
+        base=base,
+        cells=cells,
+        compare=compare,
+        plots=plots,
+        higher_is_better=list(doc.get("higher_is_better", [])),
+        evaluate=bool(doc.get("evaluate", False)),
+    )
+    for cell in cells:  # every cell must build a valid TrainConfig (types, ranges, the task exists)
+        try:
+            spec.config(cell, seeds[0], Path("."))
+        except ConfigError as err:
+            raise ConfigError(f"{where}: cell {cell.name!r}: {err}") from None
+    return spec
+
+
+def cell_dir(runs: Path, spec: ExperimentSpec, cell: Cell, seed: int) -> Path:
+    """Where the run of ``cell`` at ``seed`` lives: ``RUNS/NAME/CELL/seed_SEED``."""
+    return runs / spec.name / _slug(cell.name) / f"seed_{seed}"

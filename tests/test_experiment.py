@@ -1,0 +1,155 @@
+"""`geoattn experiment`: planning, skipping finished runs, resuming interrupted ones, aggregation, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from conftest import SHAKESPEARE
+
+from geoattn.cli import main
+from geoattn.experiments import execute, load_spec, plan
+from geoattn.experiments.report import Stat, compare, verdict
+from geoattn.tasks import get_task
+from geoattn.training.config import TrainConfig
+from geoattn.training.run_dir import RunDirectory
+from geoattn.training.trainer import Trainer
+
+SPEC = """
+description = "a tiny grid"
+seeds = [1, 2]
+metrics = ["val_loss_full", "params"]
+evaluate = true
+
+[base]
+task = "lm"
+data = "{data}"
+max_iters = 6
+eval_interval = 3
+eval_iters = 1
+n_layer = 1
+n_head = 2
+n_embd = 16
+block_size = 8
+batch_size = 4
+plots = false
+
+[[cells]]
+name = "transformer"
+model = "transformer"
+
+[[cells]]
+name = "rt, no noise"
+model = "rt"
+model_options = {{ process_noise = false }}
+
+[[compare]]
+a = "rt, no noise"
+b = "transformer"
+metric = "val_loss_full"
+
+[[plots]]
+kind = "bar"
+metric = "val_loss_full"
+
+[[plots]]
+kind = "curve"
+metric = "val_loss @"
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """An experiments/ folder with tiny.toml over a short text (fast full-split evaluation)."""
+    text = tmp_path / "small.txt"
+    text.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:4000], encoding="utf-8")
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "tiny.toml").write_text(SPEC.format(data=text))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_dry_run_lists_every_run_then_skips_finished_ones(workdir, capsys):
+    assert main(["experiment", "tiny", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "4 runs (4 to run)" in out and out.count("| new") == 4
+    assert main(["experiment", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": done") == 4 and "[4/4]" in out
+    report = (workdir / "results" / "tiny.md").read_text()
+    assert "rt, no noise − transformer on val_loss_full" in report and "(n=2)" in report
+    assert (workdir / "results" / "tiny_val_loss_full.png").read_bytes()[:4] == b"\x89PNG"
+    assert (workdir / "results" / "tiny_val_loss.png").exists()  # the context-length curve
+    before = {p: p.stat().st_mtime_ns for p in (workdir / "runs").rglob("model.safetensors")}
+    assert main(["experiment", "tiny"]) == 0  # all done: nothing retrained
+    assert "[1/" not in capsys.readouterr().out
+    assert before == {p: p.stat().st_mtime_ns for p in (workdir / "runs").rglob("model.safetensors")}
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint(workdir, monkeypatch):
+    spec = load_spec("tiny")
+    first = plan(spec, workdir / "runs")[0]
+    config = TrainConfig(**first.config)
+    trainer = Trainer(config, get_task(config), first.out, verbose=False)
+    step = trainer._step
+
+    def stop_after_three():  # what Ctrl-C does: the trainer saves and stops
+        record = step()
+        trainer.stop_requested = trainer.iter >= 3
+        return record
+
+    monkeypatch.setattr(trainer, "_step", stop_after_three)
+    assert trainer.train()["interrupted"]
+    plans = plan(spec, workdir / "runs")
+    assert (plans[0].status, plans[0].at_iter) == ("resume", 3)
+    lines = []
+    execute(spec, plans[:1], print_line=lines.append)
+    assert "resuming at iter 3" in lines[0] and "done" in lines[1]
+    run = RunDirectory(first.out)
+    assert [r["iter"] for r in run.metrics()] == [1, 2, 3, 4, 5, 6]
+    assert run.read_summary()["iter"] == 6 and run.read_evaluation()
+    assert plan(spec, workdir / "runs")[0].status == "done"
+
+
+def test_aggregation_and_verdicts_on_known_numbers():
+    a, flat = Stat([1.0, 2.0, 3.0]), Stat([2.0, 2.0, 2.0, 2.0])
+    assert (a.mean, a.std, a.n) == (2.0, 1.0, 3) and str(a) == "2.000 ± 1.0 (n=3)"
+    assert (flat.mean, flat.std) == (2.0, 0.0)
+    table = {"a": {"loss": Stat([1.0, 1.2]), "acc": Stat([0.9, 0.91])}, "b": {"loss": Stat([2.0, 2.2])}}
+    c = compare(table, "a", "b", "loss")
+    assert c.diff == pytest.approx(-1.0) and c.se == pytest.approx(math.sqrt(0.02 / 2 + 0.02 / 2))
+    assert "a is better (beyond 2 SE)" in verdict(c)
+    assert "a is worse" in verdict(c, higher_is_better=True)
+    close = compare({"a": {"m": Stat([1.0, 1.2])}, "b": {"m": Stat([1.1, 1.3])}}, "a", "b", "m")
+    assert "no measurable difference" in verdict(close)
+    one = compare({"a": {"m": Stat([1.0])}, "b": {"m": Stat([1.1, 1.3])}}, "a", "b", "m")
+    assert "too few seeds" in verdict(one)
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (None, "no experiment 'tiny'"),
+        ("seeds = [1\n", "is not valid TOML"),
+        ('metrics = ["x"]\n[[cells]]\nname = "a"\nlearning_rate = 1\n', "learning_rate are not settable"),
+        ('metrics = ["x"]\n', "needs at least one [[cells]]"),
+        ('metrics = ["x"]\nbogus = 1\n[[cells]]\nname = "a"\n', "unknown key(s) bogus"),
+        ('metrics = ["x"]\n[[cells]]\nname = "a"\nlr = -1.0\n', "lr must be > 0"),
+    ],
+)
+def test_a_missing_or_malformed_experiment_is_one_line(tmp_path, monkeypatch, capsys, content, fragment):
+    monkeypatch.chdir(tmp_path)
+    if content is not None:
+        (tmp_path / "experiments").mkdir()
+        (tmp_path / "experiments" / "tiny.toml").write_text(content)
+    assert main(["experiment", "tiny", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("geoattn experiment: error:") and fragment in err[0], err
+
+
+def test_summary_has_what_the_report_reads(workdir):
+    spec = load_spec("tiny")
+    execute(spec, plan(spec, workdir / "runs")[:1], print_line=lambda line: None)
+    summary = json.loads((plan(spec, workdir / "runs")[0].out / "summary.json").read_text())
+    assert {"iter", "wall_s", "params", "final"} <= set(summary) and "val_loss_full" in summary["final"]
