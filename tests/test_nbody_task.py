@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -160,6 +161,40 @@ def test_gatr_format_round_trip(task, tmp_path):
         torch.equal(a, b)
         for a, b in zip(loaded.get_batch("val", 9, generator()), task.get_batch("val", 9, generator()))
     )
+
+
+def test_sizes_take_the_first_samples_of_loaded_files(task, tmp_path):
+    task.save_gatr_format(tmp_path)
+    loaded = NBodyTask(NBodyConfig(data=str(tmp_path), train_size=10, eval_size=7))
+    train, first = loaded.dataset("train"), task.dataset("train").head(10)
+    assert len(train) == 10 and len(loaded.dataset("eval")) == 7 and len(loaded.dataset("val")) == 200
+    assert torch.equal(train.x_final, first.x_final)
+    x, _ = loaded.get_batch("train", 256, torch.Generator().manual_seed(0))
+    inputs = first.inputs().float()
+    assert bool((x[:, None] == inputs[None]).all(-1).all(-1).any(1).all())  # every row one of the 10
+    # config.json describes what was used: the directory, 10 samples and their hash, no simulator settings
+    meta = json.loads(json.dumps(loaded.meta()))
+    assert meta["source"] == {
+        "directory": str(tmp_path.resolve()),
+        "sizes": {"train_size": 10, "val_size": None, "eval_size": 7, "e3_size": None, "object_size": None},
+    }
+    assert meta["sets"]["train"] == {"samples": 10, "bodies": 4, "sha256": first.content_hash()}
+    assert meta["sets"]["val"]["sha256"] == task.dataset("val").content_hash()
+    assert meta["sets"]["object_generalization"]["bodies"] == 6
+    with pytest.raises(ValueError, match=r"task.train_size=65, but train.npz in .* holds 64 samples"):
+        NBodyTask(NBodyConfig(data=str(tmp_path), train_size=65))
+
+
+def test_meta_of_simulated_sets_records_the_settings_and_hashes(task):
+    meta = task.meta()
+    assert meta["source"]["simulated"] == dataclasses.asdict(task.config)
+    assert {name: meta["sets"][name]["samples"] for name in SETS} == {
+        "train": 64, "val": 200, "eval": 48, "e3_generalization": 32, "object_generalization": 24
+    }  # fmt: skip
+    again = NBodyTask(task.config).meta()["sets"]
+    assert again == meta["sets"]  # seeded: the same data, the same hashes
+    other = NBodyTask(dataclasses.replace(task.config, seed=1)).meta()["sets"]
+    assert other["eval"]["sha256"] != meta["sets"]["eval"]["sha256"]
 
 
 def test_bad_data_directories_raise(task, tmp_path):

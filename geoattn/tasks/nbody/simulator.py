@@ -14,6 +14,7 @@ the final positions.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,22 @@ from geoattn.errors import ConfigError, DataError
 
 SETS = ("train", "val", "eval", "e3_generalization", "object_generalization")
 ARRAYS = ("m", "x_initial", "v_initial", "x_final")
+# the NBodyConfig field that sizes each set (``--set task.train_size=1000``)
+SIZE_FIELDS = {
+    "train": "train_size",
+    "val": "val_size",
+    "eval": "eval_size",
+    "e3_generalization": "e3_size",
+    "object_generalization": "object_size",
+}
+# samples per set when simulating and no size is set
+SIMULATED_SIZES = {
+    "train": 10_000,
+    "val": 1_000,
+    "eval": 1_000,
+    "e3_generalization": 1_000,
+    "object_generalization": 1_000,
+}
 
 
 @dataclass
@@ -43,20 +60,24 @@ class NBodyConfig:
     removes); samples in which any body moves more than ``max_displacement`` are dropped and
     replaced.
 
+    Sizes: simulated sets have ``*_size`` samples (None: :data:`SIMULATED_SIZES`); sets loaded from
+    ``data`` keep the first ``*_size`` samples of their file (None: all of them; more than the file
+    holds is a DataError), as GATr's own ``subsample`` keeps a file's first samples.
+
     Fields:
         data: a directory with GATr's files to load instead of simulating (``--data DIR``).
         seed: base seed; each set has its own (``seed + its index in SETS``).
-        train_size, val_size, eval_size, e3_size, object_size: samples per set.
+        train_size, val_size, eval_size, e3_size, object_size: samples; --data: a file's first N (None: all).
         n_planets, object_planets: planets in the standard sets / the object-generalisation set.
     """
 
     data: str | None = None
     seed: int = 0
-    train_size: int = 10_000
-    val_size: int = 1_000
-    eval_size: int = 1_000
-    e3_size: int = 1_000
-    object_size: int = 1_000
+    train_size: int | None = None
+    val_size: int | None = None
+    eval_size: int | None = None
+    e3_size: int | None = None
+    object_size: int | None = None
     n_planets: int = 3
     object_planets: int = 5
     star_mass_range: tuple[float, float] = (1.0, 10.0)
@@ -78,18 +99,11 @@ class NBodyConfig:
                     f"NBodyConfig.{name} must be (low, high) with 0 < low ≤ high, got {(low, high)}"
                 )
             setattr(self, name, (low, high))
-        sizes = (
-            "train_size",
-            "val_size",
-            "eval_size",
-            "e3_size",
-            "object_size",
-            "n_planets",
-            "object_planets",
-        )
-        for name in (*sizes, "steps"):
+        for name in (*SIZE_FIELDS.values(), "n_planets", "object_planets", "steps"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if value is None and name.endswith("_size"):
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"NBodyConfig.{name} must be a positive integer, got {value!r}")
         for name in ("vel_std", "shift_std", "e3_shift_std"):
             if getattr(self, name) < 0:
@@ -98,14 +112,9 @@ class NBodyConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"NBodyConfig.{name} must be > 0, got {getattr(self, name)}")
 
-    def set_size(self, name: str) -> int:
-        return {
-            "train": self.train_size,
-            "val": self.val_size,
-            "eval": self.eval_size,
-            "e3_generalization": self.e3_size,
-            "object_generalization": self.object_size,
-        }[name]
+    def set_size(self, name: str) -> int | None:
+        """The samples asked of set ``name`` (None: all of a file, :data:`SIMULATED_SIZES` simulated)."""
+        return getattr(self, SIZE_FIELDS[name])
 
 
 @dataclass
@@ -126,6 +135,19 @@ class NBodySet:
 
     def subset(self, index: Tensor) -> NBodySet:
         return NBodySet(*(getattr(self, a)[index] for a in ARRAYS))
+
+    def head(self, count: int) -> NBodySet:
+        """The first ``count`` samples (GATr's ``subsample`` also keeps a file's first samples)."""
+        return NBodySet(*(getattr(self, a)[:count] for a in ARRAYS))
+
+    def content_hash(self) -> str:
+        """SHA-256 of the arrays (names, shapes, float64 little-endian bytes): which data a run saw."""
+        digest = hashlib.sha256()
+        for a in ARRAYS:
+            array = np.ascontiguousarray(getattr(self, a).detach().cpu().numpy(), dtype="<f8")
+            digest.update(f"{a}{array.shape}".encode())
+            digest.update(array.tobytes())
+        return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from geoattn.errors import DataError
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LMConfig
 from geoattn.models.rotor_transformer import RotorTransformerConfig
@@ -19,6 +20,8 @@ from geoattn.tasks.base import Task
 from geoattn.tasks.nbody.models import NBodyRotor, NBodyTransformer, centroid
 from geoattn.tasks.nbody.simulator import (
     SETS,
+    SIMULATED_SIZES,
+    SIZE_FIELDS,
     NBodyConfig,
     NBodySet,
     load_gatr_format,
@@ -50,7 +53,17 @@ class NBodyTask(Task):
 
     def __init__(self, config: NBodyConfig | None = None):
         self.config = config or NBodyConfig()
-        self._sets: dict[str, NBodySet] = load_gatr_format(self.config.data) if self.config.data else {}
+        self._sets: dict[str, NBodySet] = {}
+        self._meta: dict[str, Any] | None = None
+        if self.config.data:
+            for name, data in load_gatr_format(self.config.data).items():
+                size = self.config.set_size(name)
+                if size is not None and size > len(data):
+                    raise DataError(
+                        f"task.{SIZE_FIELDS[name]}={size}, but {name}.npz in {self.config.data} holds "
+                        f"{len(data)} samples"
+                    )
+                self._sets[name] = data if size is None else data.head(size)
 
     @classmethod
     def settings_defaults(cls, config: TrainConfig) -> dict[str, Any]:
@@ -78,7 +91,8 @@ class NBodyTask(Task):
             generator = torch.Generator().manual_seed(c.seed + SETS.index(name))
             planets = c.object_planets if name == "object_generalization" else c.n_planets
             shift = c.e3_shift_std if name == "e3_generalization" else c.shift_std
-            self._sets[name] = simulate_systems(c.set_size(name), planets, c, generator, shift_std=shift)
+            size = c.set_size(name) or SIMULATED_SIZES[name]
+            self._sets[name] = simulate_systems(size, planets, c, generator, shift_std=shift)
         return self._sets[name]
 
     def save_gatr_format(self, directory: str | Path) -> None:
@@ -110,7 +124,24 @@ class NBodyTask(Task):
         return {"mse": float(F.mse_loss(prediction, y))}
 
     def meta(self) -> dict[str, Any]:
-        return {"task": self.name, "config": dataclasses.asdict(self.config)}
+        """The data a run saw (``config.json``): its source and, per set, the samples, bodies and a hash.
+
+        ``source`` is ``{"directory": DIR}`` for GATr's files (the simulator settings do not describe
+        them, so they are not recorded) or ``{"simulated": {every NBodyConfig setting}}``; each set's
+        ``sha256`` is :meth:`NBodySet.content_hash` of the samples used (after ``*_size``).
+        """
+        if self._meta is None:
+            if self.config.data:
+                sizes = {f: getattr(self.config, f) for f in SIZE_FIELDS.values()}
+                source = {"directory": str(Path(self.config.data).resolve()), "sizes": sizes}
+            else:
+                source = {"simulated": dataclasses.asdict(self.config)}
+            sets = {
+                name: {"samples": len(d), "bodies": d.m.shape[1], "sha256": d.content_hash()}
+                for name, d in ((name, self.dataset(name)) for name in SETS)
+            }
+            self._meta = {"task": self.name, "source": source, "sets": sets}
+        return self._meta
 
     def final_metrics(self, model: TaskModel, config: TrainConfig, device: torch.device) -> dict[str, float]:
         """MSE on the whole eval, E(3)- and object-generalisation sets; the equivariance error."""

@@ -1,0 +1,59 @@
+"""`geoattn train/eval --task nbody` end to end on GATr-format files: sizes, config.json, failures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from geoattn.cli import main
+from geoattn.tasks.nbody import NBodyConfig, NBodyRotor, NBodyTask
+
+SIZES = {"train_size": 40, "val_size": 16, "eval_size": 12, "e3_size": 8, "object_size": 8}
+TINY = "--task nbody --n-layer 1 --n-head 2 --n-embd 16 --batch-size 8 --eval-iters 1 --no-plots".split()
+STEPS = "--max-iters 2 --eval-interval 2".split()
+
+
+@pytest.fixture(scope="module")
+def gatr_dir(tmp_path_factory) -> Path:
+    """Five tiny sets written in GATr's format."""
+    directory = tmp_path_factory.mktemp("nbody_data")
+    NBodyTask(NBodyConfig(**SIZES)).save_gatr_format(directory)
+    return directory
+
+
+def train(out: Path, data: Path, *flags: str) -> int:
+    return main(["train", *TINY, *STEPS, "--data", str(data), "--out", str(out), *flags])
+
+
+def test_task_sizes_are_honoured_with_data_and_recorded(gatr_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(out, gatr_dir, "--model", "transformer", "--set", "task.train_size=10") == 0
+    task = json.loads((out / "config.json").read_text())["task"]
+    assert task["source"]["directory"] == str(gatr_dir.resolve())
+    assert task["source"]["sizes"]["train_size"] == 10
+    assert {name: s["samples"] for name, s in task["sets"].items()} == {
+        "train": 10, "val": 16, "eval": 12, "e3_generalization": 8, "object_generalization": 8
+    }  # fmt: skip
+    loaded = NBodyTask(NBodyConfig(data=str(gatr_dir)))
+    assert task["sets"]["train"]["sha256"] == loaded.dataset("train").head(10).content_hash()
+    capsys.readouterr()
+
+
+def test_a_run_that_failed_before_its_first_checkpoint_leaves_out_reusable(
+    gatr_dir, tmp_path, monkeypatch, capsys
+):
+    out = tmp_path / "run"
+
+    def fail(self, x, y=None):
+        raise ValueError("a bug at the first step")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(NBodyRotor, "forward", fail)
+        with pytest.raises(ValueError, match="a bug at the first step"):
+            train(out, gatr_dir, "--model", "rotor")
+    assert any(out.iterdir()) and not (out / "model.safetensors").exists()  # files, no checkpoint
+    assert train(out, gatr_dir, "--model", "rotor") == 0  # no --force needed
+    assert (out / "model.safetensors").exists()
+    capsys.readouterr()
