@@ -150,7 +150,7 @@ def test_optim_groups_and_weight_normalisation(name):
         ("n_head", 3, "multiple of n_head"),
         ("n_embd", 36, "head dimension"),  # 36 / 4 = 9, odd
         ("mlp", "relu", "mlp"),
-        ("pos", "alibi", "pos"),
+        ("pos", "xpos", "pos"),
         ("step", "exp", "step"),
         ("dropout", 1.0, "dropout"),
         ("vocab_size", 0, "vocab_size"),
@@ -249,3 +249,23 @@ def one_thread():
 @pytest.mark.parametrize("name, lr", [("transformer", 3e-3), ("rt", 6e-3)])
 def test_short_training_run_learns_tinyshakespeare(name, lr, one_thread):
     assert _train(name, STEPS, lr) < THRESHOLD
+
+
+def test_alibi_penalises_distance_and_runs_beyond_the_training_context():
+    torch.manual_seed(0)
+    model = build_lm(
+        "transformer", LMConfig(vocab_size=65, block_size=16, n_layer=1, n_head=4, n_embd=32, pos="alibi")
+    )
+    idx = torch.randint(65, (2, 64))  # 4x the training context: ALiBi has no position table
+    logits, _ = model(idx)
+    assert logits.shape == (2, 64, 65) and torch.isfinite(logits).all()
+    attn = model.backbone.blocks[0].attn
+    weights = attn.attention_weights(model.backbone.blocks[0].ln_1(model.wte(idx[:, :8])))  # (B, H, 8, 8)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 4, 8)) and (weights.triu(1) == 0).all()
+    # the SDPA path equals the explicit weights (the bias is the same in both)
+    x = model.backbone.blocks[0].ln_1(model.wte(idx[:, :8]))
+    q, k, v = attn._qkv(x, None)
+    explicit = attn.c_proj(merge_heads(weights @ v))
+    torch.testing.assert_close(attn(x), explicit, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="pos='alibi' is only available for model 'transformer'"):
+        build_lm("rt", LMConfig(pos="alibi"))

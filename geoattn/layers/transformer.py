@@ -103,10 +103,13 @@ class CausalSelfAttention(nn.Module):
         rope_base: float = 10000.0,
         causal: bool = True,
         dropout: float = 0.0,
+        alibi: bool = False,
     ):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"n_embd={n_embd} is not a multiple of n_head={n_head}")
+        if alibi and rope:
+            raise ValueError("alibi and rope are two position schemes; choose one")
         self.n_embd, self.n_head, self.causal, self.dropout = n_embd, n_head, causal, dropout
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=False)
         self.c_proj = nn.Linear(n_embd, n_embd, bias=False)
@@ -115,6 +118,10 @@ class CausalSelfAttention(nn.Module):
             self.register_buffer("omega", rope_frequencies(n_embd // n_head, 1, rope_base), persistent=False)
         else:
             self.omega = None
+        # ALiBi (Press et al. 2022): a linear distance penalty per head, slopes 2^(-8h/H), the
+        # standard length-extrapolation baseline
+        slopes = 2.0 ** (-8.0 * torch.arange(1, n_head + 1) / n_head) if alibi else None
+        self.register_buffer("alibi_slopes", slopes, persistent=False)
 
     def _qkv(self, x: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         check_input(x, self.n_embd)
@@ -129,13 +136,30 @@ class CausalSelfAttention(nn.Module):
         """The factor on ``q·k``: ``1/sqrt(D)`` here."""
         return 1.0 / math.sqrt(head_dim)
 
+    def _alibi_bias(self, x: Tensor, positions: Tensor | None) -> Tensor:
+        """``(B|1, H, T, T)`` bias ``−slope_h |t_i − t_j|``, −inf above the diagonal if causal.
+
+        ALiBi needs this explicit (T, T) bias per head (it is not separable), as every ALiBi
+        implementation on SDPA; it is a baseline, not one of geoattn's kernels.
+        """
+        t = default_positions(x, positions).to(x.device, torch.float32)
+        t = t if t.dim() == 2 else t[None]  # (B|1, T)
+        bias = -(t[:, None, :, None] - t[:, None, None, :]).abs() * self.alibi_slopes.view(1, -1, 1, 1)
+        if self.causal:
+            T = x.shape[1]
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            bias = bias.masked_fill(future, float("-inf"))
+        return bias.to(x.dtype)
+
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         q, k, v = self._qkv(x, positions)
+        alibi = self.alibi_slopes is not None
         y = F.scaled_dot_product_attention(
             q,
             k,
             v,
-            is_causal=self.causal,
+            attn_mask=self._alibi_bias(x, positions) if alibi else None,
+            is_causal=self.causal and not alibi,
             scale=self.logit_scale(q.shape[-1]),
             dropout_p=self.dropout if self.training else 0.0,
         )
@@ -144,7 +168,10 @@ class CausalSelfAttention(nn.Module):
     def attention_weights(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """The explicit softmax weights ``(B, H, T, T)`` (what SDPA computes without materialising)."""
         q, k, _ = self._qkv(x, positions)
-        return causal_softmax(q @ k.transpose(-2, -1) * self.logit_scale(q.shape[-1]), self.causal)
+        logits = q @ k.transpose(-2, -1) * self.logit_scale(q.shape[-1])
+        if self.alibi_slopes is not None:
+            logits = logits + self._alibi_bias(x, positions)
+        return causal_softmax(logits, self.causal)
 
 
 class Block(nn.Module):

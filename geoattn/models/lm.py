@@ -37,6 +37,7 @@ from geoattn.layers.transformer import Block, CausalSelfAttention, make_mlp, mak
 from geoattn.models.base import ModelSizes, TaskModel, decay_groups
 from geoattn.settings import settings_from
 
+POSITIONS = ("rope", "learned", "alibi", "none")
 LM_MODELS = {  # --model name -> what it is
     "transformer": "pre-norm GPT, RoPE + SwiGLU (nanoGPT with mlp=gelu, pos=learned)",
     "rt": "RT-Transformer: RT-Filter attention, tangent correction + retraction on the sphere",
@@ -58,7 +59,9 @@ class LMConfig:
             only) or ``None`` (attention-only blocks, e.g. a pure filter).
         mlp_hidden: MLP width; None → 340 at C=128 for SwiGLU (≈ 8/3·C), 4·C for GELU.
         pos: ``"rope"`` (RT/RFA: rotation frequencies ω initialised to the RoPE spectrum), ``"learned"``
-            (nanoGPT's absolute positions, ``transformer`` only, cannot run beyond ``block_size``) or
+            (nanoGPT's absolute positions, ``transformer`` only, cannot run beyond ``block_size``),
+            ``"alibi"`` (ALiBi's linear distance penalty, ``transformer`` only: the standard
+            length-extrapolation baseline) or
             ``"none"`` (no rotation).
         rope_base: RoPE base of the spectrum ``base^(−2k/D)``.
         causal: causal attention (False for set-like inputs such as n-body).
@@ -115,8 +118,8 @@ class LMConfig:
             raise ConfigError(f"LMConfig.mlp must be 'swiglu', 'gelu' or None, got {self.mlp!r}")
         if self.mlp_hidden is not None and self.mlp_hidden <= 0:
             raise ConfigError(f"LMConfig.mlp_hidden must be positive or None, got {self.mlp_hidden}")
-        if self.pos not in ("rope", "learned", "none"):
-            raise ConfigError(f"LMConfig.pos must be 'rope', 'learned' or 'none', got {self.pos!r}")
+        if self.pos not in POSITIONS:
+            raise ConfigError(f"LMConfig.pos must be one of {', '.join(POSITIONS)}, got {self.pos!r}")
         if self.rope_base <= 0:
             raise ConfigError(f"LMConfig.rope_base must be positive, got {self.rope_base}")
         if self.norm not in ("layernorm", "rmsnorm"):
@@ -233,8 +236,10 @@ def _sphere_mlp(config: LMConfig) -> nn.Module | None:
 
 
 def _check_pos(name: str, config: LMConfig) -> None:
-    if config.pos == "learned" and name != "transformer":
-        raise ConfigError(f"LMConfig.pos='learned' is only available for model 'transformer', not {name!r}")
+    if config.pos in ("learned", "alibi") and name != "transformer":
+        raise ConfigError(
+            f"LMConfig.pos={config.pos!r} is only available for model 'transformer', not {name!r}"
+        )
 
 
 def build_backbone(name: str, config: LMConfig) -> Backbone:
@@ -248,7 +253,13 @@ def build_backbone(name: str, config: LMConfig) -> Backbone:
         blocks = [
             Block(
                 CausalSelfAttention(
-                    c.n_embd, c.n_head, rope=rope, rope_base=c.rope_base, causal=c.causal, dropout=c.dropout
+                    c.n_embd,
+                    c.n_head,
+                    rope=rope,
+                    rope_base=c.rope_base,
+                    causal=c.causal,
+                    dropout=c.dropout,
+                    alibi=c.pos == "alibi",
                 ),
                 make_mlp(c.mlp, c.n_embd, c.mlp_hidden, c.dropout),
                 c.n_embd,
