@@ -176,7 +176,8 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
         lines += [spec.description.strip(), ""]
     lines += [
         f"Command: `geoattn experiment {spec.name}` (definition: `{spec.path.as_posix()}`; runs in "
-        f"`{(runs / spec.name).as_posix()}`). {finished} of {len(plans)} runs finished; seeds {spec.seeds}.",
+        f"`{runs.as_posix()}/`, shared with other experiments where the settings agree). "
+        f"{finished} of {len(plans)} runs finished; seeds {spec.seeds}.",
         f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.machine()}, "
         f"{_cpus()} CPU cores, torch {torch.__version__}.",
         "",

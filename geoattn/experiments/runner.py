@@ -18,7 +18,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from geoattn.experiments.spec import Cell, ExperimentSpec, cell_dir
+from geoattn.experiments.spec import Cell, ExperimentSpec
 from geoattn.training.run_dir import RunDirectory
 
 
@@ -49,8 +49,8 @@ def plan(spec: ExperimentSpec, runs: Path) -> list[RunPlan]:
     plans = []
     for cell in spec.cells:
         for seed in spec.seeds:
-            out = cell_dir(runs, spec, cell, seed)
-            config = spec.config(cell, seed, out)
+            config = spec.config(cell, seed, runs)
+            out = Path(config["out"])
             status, at = _status(RunDirectory(out), config["max_iters"], spec.evaluate)
             plans.append(RunPlan(cell, seed, out, config, status, at))
     return plans

@@ -37,6 +37,8 @@ base's); each model's recipe (``Task.recipes``) sits below them, as on the comma
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -92,16 +94,18 @@ class ExperimentSpec:
     higher_is_better: list[str] = field(default_factory=list)
     evaluate: bool = False
 
-    def config(self, cell: Cell, seed: int, out: Path) -> dict[str, Any]:
-        """The TrainConfig fields (as a dict) of ``cell`` at ``seed`` writing into ``out``."""
+    def config(self, cell: Cell, seed: int, runs: Path) -> dict[str, Any]:
+        """The TrainConfig fields (as a dict) of ``cell`` at ``seed``, its run directory under ``runs``."""
         values = dict(self.base)
         for key, value in cell.fields.items():
             if key in ("model_options", "task_options"):
                 values[key] = {**values.get(key, {}), **value}
             else:
                 values[key] = value
-        values.update(seed=seed, out=str(out))
-        return build_config(values).to_dict()
+        values.update(seed=seed, out=None)
+        config = build_config(values).to_dict()
+        config["out"] = str(cell_dir(runs, config))
+        return config
 
 
 def _slug(text: str) -> str:
@@ -186,12 +190,16 @@ def load_spec(name: str) -> ExperimentSpec:
     )
     for cell in cells:  # every cell must build a valid TrainConfig (types, ranges, the task exists)
         try:
-            spec.config(cell, seeds[0], Path("."))
+            spec.config(cell, seeds[0], Path("runs"))
         except ConfigError as err:
             raise ConfigError(f"{where}: cell {cell.name!r}: {err}") from None
     return spec
 
 
-def cell_dir(runs: Path, spec: ExperimentSpec, cell: Cell, seed: int) -> Path:
-    """Where the run of ``cell`` at ``seed`` lives: ``RUNS/NAME/CELL/seed_SEED``."""
-    return runs / spec.name / _slug(cell.name) / f"seed_{seed}"
+def cell_dir(runs: Path, config: dict[str, Any]) -> Path:
+    """Where a run lives: ``RUNS/TASK-MODEL-HASH/seed_SEED``, HASH a digest of every TrainConfig field
+    but ``out`` and ``seed``. Experiments that share a setting (the baseline of an ablation, the clean
+    cell of a noise sweep) therefore share its runs instead of training them twice."""
+    keyed = {k: v for k, v in config.items() if k not in ("out", "seed")}
+    digest = hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return runs / f"{config['task']}-{config['model']}-{digest}" / f"seed_{config['seed']}"
