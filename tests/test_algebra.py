@@ -105,6 +105,43 @@ def test_named_signatures():
     assert CliffordAlgebra(1, 3).signature == (1, -1, -1, -1)
 
 
+def test_public_tables_match_clifford(pair: Pair):
+    """The tables other modules use (SPEC §4): signs, invariant metric, multiplication matrices, blade
+    indices and grade slices, each against clifford's layout."""
+    alg, layout = pair.alg, pair.layout
+    basis, distinct = np.eye(alg.dim), np.arange(1.0, alg.dim + 1)  # one call per clifford operation
+    reverse_signs = (~layout.MultiVector(distinct)).value / distinct
+    close(alg.reverse_signs, reverse_signs, 0.0)
+    close(alg.involution_signs, layout.MultiVector(distinct).gradeInvol().value / distinct, 0.0)
+    close(alg.invariant_metric, pair.gp(basis * reverse_signs[:, None], basis)[:, 0], 0.0)  # ⟨ẽ_A e_A⟩₀
+    close(alg.invariant_metric[list(alg.vector_indices)], np.asarray(layout.sig, dtype=float), 0.0)
+    x = rand(0, 5, alg.dim)
+    products = pair.gp(basis[:, None, :], x.numpy()[None])  # (A, 5, dim): e_A x
+    close(torch.einsum("akj,bj->abk", alg.left_multiplication, x), products)
+    products = pair.gp(x.numpy()[None], basis[:, None, :])  # x e_A
+    close(torch.einsum("akj,bj->abk", alg.right_multiplication, x), products)
+    y = rand(1, 5, alg.dim)
+    close((alg.left_matrix(x) @ y[..., None])[..., 0], pair.gp(x.numpy(), y.numpy()))
+    close((alg.right_matrix(x) @ y[..., None])[..., 0], pair.gp(y.numpy(), x.numpy()))
+    assert alg.blade_grades.tolist() == [int(g) for g in layout.gradeList]
+    for name in layout.names:
+        assert layout.blades[name].value[alg.blade_index(name)] == 1
+    assert alg.blade_index("1") == alg.blade_index("") == 0
+    for k in range(alg.n + 1):
+        assert [int(g) for g in layout.gradeList[alg.grade_slice(k)]] == [k] * len(alg.grade_indices[k])
+    assert alg.vector_indices == alg.grade_indices[1] and alg.bivector_indices == alg.grade_indices[2]
+
+
+def test_blade_index_and_grade_slice_errors():
+    alg = CliffordAlgebra(3)
+    assert (alg.blade_index("e12"), alg.blade_index("e123"), alg.grade_slice(2)) == (4, 7, slice(4, 7))
+    with pytest.raises(ValueError, match="blade_index: unknown blade 'e21'.*'e12'"):
+        alg.blade_index("e21")
+    with pytest.raises(ValueError, match=r"grade_slice: k must be an integer in \[0, 3\].*k=4"):
+        alg.grade_slice(4)
+    assert CliffordAlgebra(1).bivector_indices == ()
+
+
 # ---------------------------------------------------------------------------- products
 @FEW
 @given(seed=SEEDS)

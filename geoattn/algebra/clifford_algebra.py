@@ -31,11 +31,17 @@ class CliffordAlgebra:
         signature: ``(n,)`` tuple, the square of each basis vector.
         blade_names: clifford's ``layout.names`` (``''`` for the scalar, ``'e12'``, ...).
         grades: ``(dim,)`` tuple, the grade of each blade.
-        grade_indices: ``grade_indices[k]`` = blade indices of grade k.
+        grade_indices: ``grade_indices[k]`` = blade indices of grade k (contiguous: see ``grade_slice``).
+        vector_indices, bivector_indices: ``grade_indices[1]``, ``grade_indices[2]``.
         cayley_sparse: the nonzero entries ``(i, j, k, sign)`` of ``e_i e_j = sign · e_k``.
         compile: run large batches (≥ ``kernels.COMPILE_MIN_ROWS`` rows, n ≤ 4) of the bilinear
             products through ``torch.compile``d per-blade kernels (default True; False: eager). The
             first large call per product compiles (seconds).
+
+    Tables for other modules (float64 CPU tensors, fresh copies; column convention ``M @ x``):
+    ``blade_grades``, ``reverse_signs``, ``involution_signs``, ``invariant_metric``, ``cayley``,
+    ``left_multiplication`` / ``right_multiplication`` (one matrix per basis blade) and, for any
+    multivector, ``left_matrix(x)`` / ``right_matrix(x)``; ``blade_index(name)``, ``grade_slice(k)``.
     """
 
     def __init__(self, p: int, q: int = 0, r: int = 0, *, compile: bool = True):
@@ -55,8 +61,11 @@ class CliffordAlgebra:
         self.blade_names = t.names
         self.grades = t.grades
         self.grade_indices = tuple(tuple(i for i, g in enumerate(t.grades) if g == k) for k in range(n + 1))
+        self.vector_indices = self.grade_indices[1]
+        self.bivector_indices = self.grade_indices[2] if n >= 2 else ()
         self.cayley_sparse = t.products["geometric"]
         self._tables = t
+        self._blade_positions = {name: i for i, name in enumerate(t.names)}
         self._cache: dict[tuple, dict[str, Tensor]] = {}
         # twisted: e_i ⋆ e_j = (-1)^{grade i · grade j} e_i e_j, so V ⋆ x = V_even x + V_odd x̂
         g = t.grades
@@ -77,6 +86,69 @@ class CliffordAlgebra:
         Entries are in {-1, 0, 1}; ``cayley_sparse`` lists the nonzero ones.
         """
         return self._masters["cayley"].float()  # a fresh copy: callers may modify it
+
+    def blade_index(self, name: str) -> int:
+        """Position of the blade ``name`` in the last dimension: ``blade_index("e12") == 4`` in Cl(3).
+
+        Names are ``blade_names`` (basis indices ascending, as clifford writes them); the scalar is
+        ``""`` or ``"1"``.
+        """
+        key = "" if name == "1" else name
+        if key not in self._blade_positions:
+            raise ValueError(
+                f"blade_index: unknown blade {name!r} of {self!r}; blades are "
+                f"{', '.join(repr(b) for b in self.blade_names)} (indices ascending)"
+            )
+        return self._blade_positions[key]
+
+    def grade_slice(self, k: int) -> slice:
+        """The blades of grade k, ``slice`` into the last dimension (blades are ordered by grade)."""
+        if not isinstance(k, int) or not 0 <= k <= self.n:
+            raise ValueError(f"grade_slice: k must be an integer in [0, {self.n}] for {self!r}, got k={k!r}")
+        indices = self.grade_indices[k]
+        return slice(indices[0], indices[-1] + 1)
+
+    @property
+    def blade_grades(self) -> Tensor:
+        """``(dim,)`` long: the grade of each blade."""
+        return torch.tensor(self.grades, dtype=torch.long)
+
+    @property
+    def reverse_signs(self) -> Tensor:
+        """``(dim,)`` float64: ``reverse(x) == x * reverse_signs`` (grade k: ``(-1)^{k(k-1)/2}``)."""
+        return self._masters["reverse"].clone()
+
+    @property
+    def involution_signs(self) -> Tensor:
+        """``(dim,)`` float64: ``grade_involution(x) == x * involution_signs`` (grade k: ``(-1)^k``)."""
+        return self._masters["involution"].clone()
+
+    @property
+    def invariant_metric(self) -> Tensor:
+        """``(dim,)`` float64 ``⟨ẽ_A e_A⟩₀``: the weights of GATr's invariant inner product
+        (``inner_product(x, y) == (x * y * invariant_metric).sum(-1)``; 0 on blades with a null vector).
+        On the vector blades it is the signature."""
+        return self._masters["inner"].clone()
+
+    @property
+    def left_multiplication(self) -> Tensor:
+        """``(dim, dim, dim)`` float64: ``left_multiplication[A] @ x == e_A x`` (x a column ``(dim,)``)."""
+        return self._masters["cayley"].permute(0, 2, 1).contiguous()
+
+    @property
+    def right_multiplication(self) -> Tensor:
+        """``(dim, dim, dim)`` float64: ``right_multiplication[A] @ x == x e_A``."""
+        return self._masters["cayley"].permute(1, 2, 0).contiguous()
+
+    def left_matrix(self, x: Tensor) -> Tensor:
+        """Matrix of ``y ↦ x y``: ``(..., dim)`` → ``(..., dim, dim)``, ``left_matrix(x) @ y == x y``."""
+        self._check(x, "x", "left_matrix")
+        return torch.einsum("...i,ijk->...kj", x, self._table(x.device, x.dtype)["cayley"])
+
+    def right_matrix(self, x: Tensor) -> Tensor:
+        """Matrix of ``y ↦ y x``: ``(..., dim)`` → ``(..., dim, dim)``, ``right_matrix(x) @ y == y x``."""
+        self._check(x, "x", "right_matrix")
+        return torch.einsum("...j,ijk->...ki", x, self._table(x.device, x.dtype)["cayley"])
 
     def _table(self, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
         """Sign/index tensors for one (device, dtype), made once on that device from the CPU masters.
@@ -281,8 +353,7 @@ class CliffordAlgebra:
         self._check(V, "V", "versor_matrix")
         t = self._table(V.device, V.dtype)
         left = torch.einsum("...i,ijm->...mj", V, t["twisted_cayley"])  # x ↦ V ⋆ x = V_even x + V_odd x̂
-        right = torch.einsum("...l,mlk->...km", self.inverse(V), t["cayley"])  # y ↦ y V⁻¹
-        return right @ left
+        return self.right_matrix(self.inverse(V)) @ left  # then y ↦ y V⁻¹
 
     def exp(self, B: Tensor) -> Tensor:
         """Exponential of a bivector, exact for any bivector. ``(..., dim)`` → ``(..., dim)`` (even).

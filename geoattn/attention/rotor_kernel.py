@@ -51,8 +51,9 @@ Backends:
 
 from __future__ import annotations
 
-import functools
 import math
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +63,7 @@ from torch.utils.checkpoint import checkpoint
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.attention.dtypes import outside_autocast
 
+_T = TypeVar("_T")
 HEAD_TYPES = ("rotation", "reflection", "projection", "frame")
 BACKENDS = ("auto", "reference")
 
@@ -177,25 +179,52 @@ def _check_inputs(q, k, v, algebra, head_type, backend, inverse, key_mask, chunk
 
 
 # ------------------------------------------------------------------------- shared parameterisation
-@functools.cache
-def _base_tables(p: int, q: int, r: int) -> dict[str, Tensor]:
-    """Constant float64 CPU tables of Cl(p, q, r) for the kernels (row-vector convention ``y = x @ M``).
+_CACHE: dict[tuple, object] = {}
+
+
+def _cached(algebra: CliffordAlgebra, key: tuple, build: Callable[[], _T]) -> _T:
+    """A constant derived from the algebra's tables, built once per signature and ``key``.
+
+    Inside a torch.compile trace a missing entry is built without caching (a traced tensor must not
+    leak into the cache); the graph then holds the construction.
+    """
+    full = (algebra.p, algebra.q, algebra.r, *key)
+    if full in _CACHE:
+        return _CACHE[full]
+    value = build()
+    if not torch.compiler.is_compiling():
+        _CACHE[full] = value
+    return value
+
+
+def _base_tables(algebra: CliffordAlgebra) -> dict[str, Tensor]:
+    """The algebra's tables in the kernels' row-vector convention ``y = x @ M`` (float64, CPU).
 
     ``logit``: ``(dim,)`` ⟨ẽ_A e_A⟩₀; ``metric``: ``(n,)`` e_k²; ``left``/``right``: ``(n, dim, dim)``
     matrices of ``x ↦ e_k x`` / ``x ↦ x e_k``; ``involution``: ``(dim, dim)`` diagonal grade involution.
     """
-    algebra = CliffordAlgebra(p, q, r)
-    cayley = algebra.cayley.to(torch.float64)  # e_i e_j = Σ_k cayley[i, j, k] e_k
-    grades = torch.tensor(algebra.grades)
-    reverse = torch.where((grades * (grades - 1) // 2) % 2 == 1, -1.0, 1.0).double()
-    vec = list(algebra.grade_indices[1])
-    return {
-        "logit": reverse * cayley.diagonal(dim1=0, dim2=1)[0],
-        "metric": cayley[vec, vec, 0],
-        "left": cayley[vec],
-        "right": cayley[:, vec].transpose(0, 1),
-        "involution": torch.diag(torch.where(grades % 2 == 1, -1.0, 1.0).double()),
-    }
+
+    def build() -> dict[str, Tensor]:
+        vec = list(algebra.vector_indices)
+        metric = algebra.invariant_metric
+        return {
+            "logit": metric,
+            "metric": metric[vec],
+            "left": algebra.left_multiplication[vec].mT,
+            "right": algebra.right_multiplication[vec].mT,
+            "involution": torch.diag(algebra.involution_signs),
+        }
+
+    return _cached(algebra, ("base",), build)
+
+
+def _tables(algebra: CliffordAlgebra, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
+    """:func:`_base_tables` on one device and dtype (made once)."""
+    return _cached(
+        algebra,
+        ("base", device, dtype),
+        lambda: {k: v.to(device, dtype) for k, v in _base_tables(algebra).items()},
+    )
 
 
 def _sym_pairs(n: int) -> list[tuple[int, int]]:
@@ -208,15 +237,14 @@ def monomials(x: Tensor) -> Tensor:
     return torch.cat([torch.ones_like(x[..., :1]), x, x[..., list(l)] * x[..., list(m)]], -1)
 
 
-@functools.cache
-def _bilinear_table(p: int, q: int, r: int, head_type: str, inverse: bool) -> Tensor:
+def _bilinear_table(algebra: CliffordAlgebra, head_type: str, inverse: bool) -> Tensor:
     """``M (P, P, dim, dim)`` with ``unscaled T(a, b, v) = Σ_{q,p} ψ_q(a) φ_p(b) (v @ M[q, p])``.
 
     ψ, φ = :func:`monomials`. Unscaled T: rotation ``(1 + b a) v (1 + a b)`` (inverse:
     ``(1 + a b) v (1 + b a)``), reflection ``(a − b) v̂ (a − b)``. Ordered index tuples are summed into
     the symmetric monomial slots, so each monomial gets the coefficient of its whole orbit.
     """
-    t = _base_tables(p, q, r)
+    t = _base_tables(algebra)
     L, R, G = t["left"], t["right"], t["involution"]
     n, dim = L.shape[0], L.shape[1]
     sym = {pair: 1 + n + i for i, pair in enumerate(_sym_pairs(n))}
@@ -250,8 +278,7 @@ def _bilinear_table(p: int, q: int, r: int, head_type: str, inverse: bool) -> Te
     return M
 
 
-@functools.cache
-def _reduced_table(p: int, q: int, r: int, head_type: str, inverse: bool) -> tuple[Tensor, Tensor]:
+def _reduced_table(algebra: CliffordAlgebra, head_type: str, inverse: bool) -> tuple[Tensor, Tensor]:
     """The factorised form with the constant 1/2 of :func:`pair_scale` folded in, minus redundant features.
 
     The scalar and the pseudoscalar blade e_A commute with every even versor, so ``R e_A R̃ = R R̃ e_A
@@ -264,10 +291,9 @@ def _reduced_table(p: int, q: int, r: int, head_type: str, inverse: bool) -> tup
     applied to a query's aggregated features; ``E (P, dim · F)`` maps the key monomials φ(b) to the
     ``(dim, F)`` matrix that turns a value channel into its features (``v @ (φ(b) @ E)``).
     """
-    full = _bilinear_table(p, q, r, head_type, inverse)
-    P, dim = full.shape[0], full.shape[-1]
-    n = p + q + r
-    passive = [0, dim - 1]
+    full = _bilinear_table(algebra, head_type, inverse)
+    P, dim, n = full.shape[0], algebra.dim, algebra.n
+    passive = [*algebra.grade_indices[0], *algebra.grade_indices[n]]
     active = [i for i in range(dim) if i not in passive]
     features = [(k, A) for k in range(P) for A in active] + [(k, A) for k in range(1 + n) for A in passive]
     E = torch.zeros(P, dim, len(features), dtype=torch.float64)
@@ -275,10 +301,10 @@ def _reduced_table(p: int, q: int, r: int, head_type: str, inverse: bool) -> tup
         E[k, A, f] = 1.0
     M = 0.5 * full[:, :, active]  # (P, P, |active|, dim)
     sign = 1.0 if head_type == "rotation" else -1.0  # 1 ± ⟨a, b⟩ = 1 ± Σ_k e_k² a_k b_k
-    metric = _base_tables(p, q, r)["metric"]
+    metric = _base_tables(algebra)["metric"]
     passive_part = torch.zeros(P, 1 + n, len(passive), dim, dtype=torch.float64)
     for j, blade in enumerate(passive):
-        lam = -1.0 if head_type == "reflection" and blade == dim - 1 else 1.0
+        lam = -1.0 if head_type == "reflection" and algebra.grades[blade] == n else 1.0
         passive_part[0, 0, j, blade] = lam
         for k in range(n):
             passive_part[1 + k, 1 + k, j, blade] = sign * lam * metric[k]
@@ -286,18 +312,13 @@ def _reduced_table(p: int, q: int, r: int, head_type: str, inverse: bool) -> tup
     return M.flatten(1), E.flatten(1)
 
 
-def _tables(algebra: CliffordAlgebra, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
-    return _tables_on(algebra.p, algebra.q, algebra.r, device, dtype)
-
-
-@functools.cache
-def _tables_on(p: int, q: int, r: int, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
-    return {k: v.to(device, dtype) for k, v in _base_tables(p, q, r).items()}
-
-
-@functools.cache
-def _reduced_table_on(p, q, r, head_type, inverse, device, dtype) -> tuple[Tensor, Tensor]:
-    return tuple(t.to(device, dtype) for t in _reduced_table(p, q, r, head_type, inverse))
+def _reduced_table_on(algebra, head_type, inverse, device, dtype) -> tuple[Tensor, Tensor]:
+    """:func:`_reduced_table` on one device and dtype (made once)."""
+    return _cached(
+        algebra,
+        ("reduced", head_type, inverse, device, dtype),
+        lambda: tuple(t.to(device, dtype) for t in _reduced_table(algebra, head_type, inverse)),
+    )
 
 
 def directions(x: Tensor, algebra: CliffordAlgebra) -> Tensor:
@@ -306,7 +327,7 @@ def directions(x: Tensor, algebra: CliffordAlgebra) -> Tensor:
     A zero (or, in PGA, purely degenerate) vector part gives a direction of norm ≤ its size / NORM_EPS.
     """
     metric = _tables(algebra, x.device, x.dtype)["metric"]
-    vec = x[..., 1 : algebra.n + 1].sum(-2)
+    vec = x[..., algebra.grade_slice(1)].sum(-2)
     sq = (vec * vec * metric).sum(-1, keepdim=True)
     return vec / sq.clamp_min(NORM_EPS**2).sqrt()
 
@@ -391,7 +412,7 @@ def _pair_versors(q, k, ga, head_type, inverse):
     """Blocks of the per-pair versors: rotors ``(1 + b a)·sqrt(scale)`` or normals ``(a − b)·sqrt(scale)``."""
     a, b = directions(q, ga), directions(k, ga)  # (B, H, N, n)
     one = torch.zeros(ga.dim, dtype=q.dtype, device=q.device)
-    one[0] = 1
+    one[ga.blade_index("")] = 1
 
     def block(s: int, e: int, t: int, u: int) -> Tensor:
         a_, b_ = a[:, :, s:e, None], b[:, :, None, t:u]
@@ -441,7 +462,7 @@ def _allowed(nq: int, nk: int, start: int, causal: bool, key_mask: Tensor | None
 def _factorised(q, k, v, algebra, head_type, causal, inverse, key_mask, chunk_size) -> Tensor:
     B, H, N, C, dim = q.shape
     Cv = v.shape[3]
-    M, E = _reduced_table_on(algebra.p, algebra.q, algebra.r, head_type, inverse, q.device, q.dtype)
+    M, E = _reduced_table_on(algebra, head_type, inverse, q.device, q.dtype)
     Fd = M.shape[1] // dim  # F features per value channel (68 in Cl(3))
     qs, kf = _logit_queries(q, algebra), k.flatten(-2)  # (B, H, N, C·dim)
     a, b = directions(q, algebra), directions(k, algebra)  # (B, H, N, n)
@@ -496,21 +517,20 @@ def _plain_attention(qs: Tensor, kf: Tensor, values: Tensor, causal: bool, key_m
 def _projection(q, k, v, algebra, causal, key_mask) -> Tensor:
     """``(v ⌋ b) b⁻¹`` per key (b unit: scalar part kept, vector part → ⟨v, b⟩ b), then plain attention."""
     B, H, N, Cv, dim = v.shape
-    n = algebra.n
     metric = _tables(algebra, q.device, q.dtype)["metric"]
     b = directions(k, algebra)[..., None, :]  # (B, H, N, 1, n)
     bb = (b * b * metric).sum(-1, keepdim=True)  # b² (1 unless the direction is zero)
     inv_b = b / bb.clamp_min(guard_eps(bb.dtype))
-    scalar = v[..., :1] * (bb / bb.clamp_min(guard_eps(bb.dtype)))  # (v₀ b) b⁻¹
-    vec = (v[..., 1 : n + 1] * b * metric).sum(-1, keepdim=True) * inv_b
-    moved = torch.cat([scalar, vec, v.new_zeros(B, H, N, Cv, dim - 1 - n)], -1)
+    scalar = v[..., algebra.grade_slice(0)] * (bb / bb.clamp_min(guard_eps(bb.dtype)))  # (v₀ b) b⁻¹
+    vec = (v[..., algebra.grade_slice(1)] * b * metric).sum(-1, keepdim=True) * inv_b
+    moved = algebra.vector(vec) + F.pad(scalar, (0, dim - 1))  # the scalar is blade 0
     out = _plain_attention(_logit_queries(q, algebra), k.flatten(-2), moved.flatten(-2), causal, key_mask)
     return out.view(B, H, N, Cv, dim)
 
 
 def _frame_axes(x: Tensor, algebra: CliffordAlgebra) -> tuple[Tensor, Tensor]:
     """Gram–Schmidt x, y axes from channels 0, 1: ``(B, H, N, C, 8)`` → two ``(B, H, N, 3)``."""
-    c0, c1 = x[..., 0, 1:4], x[..., 1, 1:4]
+    c0, c1 = algebra.vector_part(x[..., 0, :]), algebra.vector_part(x[..., 1, :])
     ex = c0 / c0.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS)
     y = c1 - (c1 * ex).sum(-1, keepdim=True) * ex
     return ex, y / y.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS)
@@ -522,35 +542,46 @@ def _frame_rotation(x: Tensor, algebra: CliffordAlgebra) -> Tensor:
     return torch.stack([ex, ey, torch.linalg.cross(ex, ey)], dim=-1)
 
 
-@functools.cache
-def _cl3_action_table(device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """``(T0 (8, 8), T (9, 64))``: the action matrix of a rotation R on Cl(3) row vectors is
-    ``T0 + vec(R) @ T``: identity on scalar and pseudoscalar (det R = 1), R on vectors, ``S R S`` on
-    bivectors, since (e12, e13, e23) = (e3, −e2, e1) e123 rotate like vectors (S that signed swap)."""
-    S = torch.tensor([[0.0, 0, 1], [0, -1, 0], [1, 0, 0]], dtype=torch.float64)
-    T = torch.zeros(3, 3, 8, 8, dtype=torch.float64)
-    for i in range(3):
-        for j in range(3):
-            unit = torch.zeros(3, 3, dtype=torch.float64)
+def _rotation_action_table(algebra: CliffordAlgebra) -> tuple[Tensor, Tensor]:
+    """``(T0 (8, 8), T (9, 64))`` (Cl(3), float64): the action of a rotation on Cl(3) row vectors is
+    ``T0 + vec(A) @ T`` for the row-convention rotation A (``u ↦ u @ A`` on vector coordinates).
+
+    The rotor fixes the scalar and the pseudoscalar I (det = 1) and moves vectors by A; a bivector is
+    ``v I`` for a vector v (I is central), so ``R (v I) R̃ = (R v R̃) I``: with D the matrix of
+    ``v ↦ v I`` (vector → bivector coordinates, from the right multiplication by I) bivector rows move
+    by ``D⁻ᵀ A Dᵀ``, linear in A.
+    """
+    vec, biv = list(algebra.vector_indices), list(algebra.bivector_indices)
+    fixed = [*algebra.grade_indices[0], *algebra.grade_indices[algebra.n]]
+    pseudoscalar = algebra.grade_indices[algebra.n][0]
+    D = algebra.right_multiplication[pseudoscalar][biv][:, vec]  # (bivector, vector): column v ↦ v I
+    n, dim = len(vec), algebra.dim
+    T = torch.zeros(n, n, dim, dim, dtype=torch.float64)
+    for i in range(n):
+        for j in range(n):
+            unit = torch.zeros(n, n, dtype=torch.float64)
             unit[i, j] = 1.0
-            T[i, j, 1:4, 1:4] = unit
-            T[i, j, 4:7, 4:7] = S @ unit @ S
-    T0 = torch.zeros(8, 8, dtype=torch.float64)
-    T0[0, 0] = T0[7, 7] = 1.0
-    return T0.to(device, dtype), T.reshape(9, 64).to(device, dtype)
+            T[i, j, vec[0] : vec[-1] + 1, vec[0] : vec[-1] + 1] = unit
+            T[i, j, biv[0] : biv[-1] + 1, biv[0] : biv[-1] + 1] = torch.linalg.inv(D).T @ unit @ D.T
+    T0 = torch.diag(torch.zeros(dim, dtype=torch.float64).index_fill(0, torch.tensor(fixed), 1.0))
+    return T0, T.reshape(n * n, dim * dim)
 
 
-def _rotate_cl3(m: Tensor, rot: Tensor, inverse: bool) -> Tensor:
+def _rotate_cl3(m: Tensor, rot: Tensor, algebra: CliffordAlgebra, inverse: bool) -> Tensor:
     """Apply the rotation (``inverse``: its transpose) to Cl(3) multivectors: the versor action of the
     frame's rotor F (F̃ for ``inverse``). m ``(B, H, N, Cv, 8)``, rot ``(B, H, N, 3, 3)`` → like m."""
-    T0, T = _cl3_action_table(rot.device, rot.dtype)
+    T0, T = _cached(
+        algebra,
+        ("rotation_action", rot.device, rot.dtype),
+        lambda: tuple(t.to(rot.device, rot.dtype) for t in _rotation_action_table(algebra)),
+    )
     act = rot if inverse else rot.transpose(-1, -2)  # row vectors: u @ R = (Rᵀ u)ᵀ
-    return m @ (T0 + (act.flatten(-2) @ T).unflatten(-1, (8, 8)))
+    return m @ (T0 + (act.flatten(-2) @ T).unflatten(-1, (algebra.dim, algebra.dim)))
 
 
 def _frame(q, k, v, algebra, causal, key_mask) -> Tensor:
     """``F_i (Σ_j α_ij F̃_j v_j F_j) F̃_i``: values into key frames, plain attention, out of query frames."""
     B, H, N, Cv, dim = v.shape
-    local = _rotate_cl3(v, _frame_rotation(k, algebra), inverse=True)
+    local = _rotate_cl3(v, _frame_rotation(k, algebra), algebra, inverse=True)
     agg = _plain_attention(_logit_queries(q, algebra), k.flatten(-2), local.flatten(-2), causal, key_mask)
-    return _rotate_cl3(agg.view(B, H, N, Cv, dim), _frame_rotation(q, algebra), inverse=False)
+    return _rotate_cl3(agg.view(B, H, N, Cv, dim), _frame_rotation(q, algebra), algebra, inverse=False)

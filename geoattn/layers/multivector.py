@@ -40,19 +40,6 @@ def _check_scalars(s: Tensor | None, channels: int, lead: torch.Size, name: str,
         raise ValueError(f"{owner}: {name} has shape {shape}, expected {(*lead, channels)}")
 
 
-def blade_grades(algebra: CliffordAlgebra) -> Tensor:
-    """``(dim,)`` long: the grade of each blade."""
-    return torch.tensor(algebra.grades, dtype=torch.long)
-
-
-def invariant_metric(algebra: CliffordAlgebra) -> Tensor:
-    """``(dim,)`` ``⟨ẽ_A e_A⟩₀``: the weights of GATr's invariant inner product (0 on blades with e0)."""
-    cayley = algebra.cayley.double()
-    g = blade_grades(algebra)
-    reverse = torch.where((g * (g - 1) // 2) % 2 == 1, -1.0, 1.0).double()
-    return reverse * cayley.diagonal(dim1=0, dim2=1)[0]
-
-
 class MultivectorEmbedding(nn.Module):
     """Typed geometric inputs → multivector channels: one channel-mixing ``Linear`` per grade.
 
@@ -86,7 +73,7 @@ class MultivectorEmbedding(nn.Module):
         self, scalars: Tensor | None = None, vectors: Tensor | None = None, bivectors: Tensor | None = None
     ) -> Tensor:
         ga = self.algebra
-        widths = {"scalars": None, "vectors": ga.n, "bivectors": len(ga.grade_indices[2])}
+        widths = {"scalars": None, "vectors": ga.n, "bivectors": len(ga.bivector_indices)}
         lead = None
         for name, x in (("scalars", scalars), ("vectors", vectors), ("bivectors", bivectors)):
             size = self.sizes[name]
@@ -112,7 +99,7 @@ class MultivectorEmbedding(nn.Module):
         parts.append(
             self.vector(vectors.transpose(-1, -2)).transpose(-1, -2) if vectors is not None else zeros(ga.n)
         )
-        nb = len(ga.grade_indices[2])
+        nb = len(ga.bivector_indices)
         parts.append(
             self.bivector(bivectors.transpose(-1, -2)).transpose(-1, -2)
             if bivectors is not None
@@ -141,8 +128,7 @@ class GradeLayerNorm(nn.Module):
     def __init__(self, algebra: CliffordAlgebra, eps: float = 1e-6, per_grade: bool = True):
         super().__init__()
         self.algebra, self.eps, self.per_grade = algebra, eps, per_grade
-        grades = blade_grades(algebra)
-        metric = invariant_metric(algebra)
+        grades, metric = algebra.blade_grades, algebra.invariant_metric
         onehot = F.one_hot(grades, algebra.n + 1).double()  # (dim, G)
         self.register_buffer("grade_onehot", onehot.float(), persistent=False)
         self.register_buffer("metric", metric.float(), persistent=False)
@@ -193,10 +179,12 @@ class EquiLinear(nn.Module):
         self.in_scalars, self.out_scalars = in_scalars, out_scalars
         G = algebra.n + 1
         self.weight = nn.Parameter(torch.randn(G, out_channels, in_channels) / math.sqrt(in_channels))
-        self.register_buffer("grades", blade_grades(algebra), persistent=False)
+        self.register_buffer("grades", algebra.blade_grades, persistent=False)
         if algebra.r > 0:
-            # x ↦ e0 x as a matrix (row vectors: (e0 x)_B = Σ_A x_A L0[A, B]), mixed per source grade
-            self.register_buffer("e0_left", algebra.cayley[1].clone(), persistent=False)
+            # x ↦ e0 x as a matrix (row vectors: (e0 x)_B = Σ_A x_A L0[A, B]), mixed per source grade;
+            # e0 = the first basis vector, a null one (clifford's order puts them first)
+            e0_left = algebra.left_multiplication[algebra.vector_indices[0]].T.float()
+            self.register_buffer("e0_left", e0_left, persistent=False)
             self.weight_e0 = nn.Parameter(
                 torch.randn(G, out_channels, in_channels) / math.sqrt(4 * in_channels)
             )

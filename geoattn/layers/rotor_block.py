@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.attention.rotor_kernel import HEAD_TYPES, rotor_attention
-from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm, blade_grades
+from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
 
 
 class RotorPositionalEncoding(nn.Module):
@@ -32,7 +32,7 @@ class RotorPositionalEncoding(nn.Module):
         if algebra.n < 2:
             raise ValueError(f"RotorPositionalEncoding needs n ≥ 2 (bivectors), got {algebra!r}")
         self.algebra, self.n_heads = algebra, n_heads
-        self.bivector_index = list(algebra.grade_indices[2])
+        self.bivector_index = list(algebra.bivector_indices)
         self.bivectors = nn.Parameter(init_scale * torch.randn(n_heads, len(self.bivector_index)))
 
     def rotors(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
@@ -109,7 +109,7 @@ class RotorAttention(nn.Module):
         H = len(head_types)
         self.qkv = EquiLinear(algebra, channels, 3 * H * head_channels, scalars, 0)
         self.grade_gain = nn.Parameter(torch.ones(H, algebra.n + 1))
-        self.register_buffer("grades", blade_grades(algebra), persistent=False)
+        self.register_buffer("grades", algebra.blade_grades, persistent=False)
         self.out = EquiLinear(algebra, H * head_channels, channels, 0, scalars)
         self.positional = RotorPositionalEncoding(algebra, H) if positional_encoding else None
         # heads of one type run together; `order` puts their outputs back in head order
