@@ -20,6 +20,7 @@ TASKS = {
     "lm": "geoattn.tasks.lm.task:LMTask",
     "filter": "geoattn.tasks.filter.task:FilterTask",
     "nbody": "geoattn.tasks.nbody.task:NBodyTask",
+    "molecule": "geoattn.tasks.molecule.task:MoleculeTask",
 }
 
 

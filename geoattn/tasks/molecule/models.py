@@ -1,0 +1,210 @@
+"""The molecule task's network: a conservative, E(3)-equivariant energy model (:class:`RotorTransformer`).
+
+Inputs ``x`` ``(B, N, 4)`` = [atomic number, position (Å)] per atom; prediction ``(B, N, 4)`` =
+[molecule energy (eV, repeated on every atom), force (eV/Å)]; the target ``y`` has the same layout.
+The energy is a sum of per-atom terms, the forces are ``−∂E/∂x`` by autograd (so they are conservative
+and equivariant whenever E is invariant).
+
+Why an embedding before the transformer: rotor attention weighs pairs by inner products of their
+multivector features, which carry no interatomic distances unless the features do. One radial message
+pass (SchNet's continuous filter for the scalars, PaiNN's equivariant form ``Σ_j w(d_ij) r_ij`` for the
+vectors) gives every atom its local environment; the transformer then attends over the whole molecule.
+The embedding uses a smooth cut-off (Bessel basis × polynomial envelope, as DimeNet and MACE) so the
+energy is smooth; attention is global: MD17 molecules have ≤ 21 atoms, so N² pairs cost nothing and a
+neighbour list would not pay.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from geoattn.errors import ConfigError
+from geoattn.models.base import TaskModel
+from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig
+
+
+@dataclass
+class MoleculeModelConfig:
+    """The energy model around the RotorTransformer (its ``model.*`` keys are the transformer's).
+
+    Fields:
+        rotor: the :class:`RotorTransformerConfig` (``in_channels = 1 + vectors``, ``in_scalars`` its
+            scalar width, ``out_scalars = 1``: the per-atom energy).
+        elements: atomic numbers the model knows (the data set's), in embedding order.
+        cutoff: radius (Å) of the radial embedding; pairs beyond it do not enter it.
+        n_rbf: Bessel radial basis functions.
+        vectors: equivariant vector channels from the radial message (besides the centred position).
+        energy_weight, force_weight: the loss ``w_E · mean(ΔE²) + w_F · mean(ΔF²)`` (eV², (eV/Å)²).
+    """
+
+    rotor: RotorTransformerConfig
+    elements: tuple[int, ...]
+    cutoff: float = 5.0
+    n_rbf: int = 8
+    vectors: int = 4
+    energy_weight: float = 0.01
+    force_weight: float = 0.99
+
+    def __post_init__(self) -> None:
+        self.elements = tuple(int(z) for z in self.elements)
+        if not self.elements or any(not 1 <= z <= 118 for z in self.elements):
+            raise ConfigError(
+                f"MoleculeModelConfig.elements must be atomic numbers 1..118, got {self.elements}"
+            )
+        if self.cutoff <= 0 or self.n_rbf < 1 or self.vectors < 1:
+            raise ConfigError(
+                f"MoleculeModelConfig: cutoff > 0, n_rbf ≥ 1 and vectors ≥ 1 needed, got {self.cutoff}, "
+                f"{self.n_rbf}, {self.vectors}"
+            )
+        if self.energy_weight < 0 or self.force_weight < 0 or self.energy_weight + self.force_weight == 0:
+            raise ConfigError(
+                f"MoleculeModelConfig: loss weights must be ≥ 0 and not both 0, got {self.energy_weight}, "
+                f"{self.force_weight}"
+            )
+
+
+def pair_geometry(positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Relative vectors ``r_ij = x_j − x_i`` ``(B, N, N, 3)``, distances ``(B, N, N)`` and the
+    off-diagonal mask ``(N, N)`` bool. The diagonal distance is 1 (not 0) so its gradient is finite."""
+    n = positions.shape[1]
+    rel = positions[:, None, :, :] - positions[:, :, None, :]
+    eye = torch.eye(n, dtype=torch.bool, device=positions.device)
+    dist = torch.sqrt((rel * rel).sum(-1) + eye.to(positions.dtype))
+    return rel, dist, ~eye
+
+
+def bessel_basis(dist: Tensor, cutoff: float, n_rbf: int) -> Tensor:
+    """``sqrt(2/c) sin(kπd/c)/d`` for k = 1..n_rbf, times the envelope ``1 − 6u⁵ + 15u⁴ − 10u³`` (u = d/c)
+    that is C² at the cut-off and 0 beyond: ``(...)`` → ``(..., n_rbf)``."""
+    k = torch.arange(1, n_rbf + 1, dtype=dist.dtype, device=dist.device)
+    d = dist[..., None]
+    u = (d / cutoff).clamp(max=1.0)
+    envelope = 1 - 6 * u**5 + 15 * u**4 - 10 * u**3
+    return math.sqrt(2 / cutoff) * torch.sin(k * math.pi * d / cutoff) / d * envelope
+
+
+class AtomEnvironment(nn.Module):
+    """One radial message pass: invariant scalars and equivariant vectors of each atom's neighbourhood.
+
+    ``s_i = h(z_i) + Σ_j W(d_ij) ⊙ h(z_j) / n``, ``v_ic = Σ_j U(d_ij)_c G(h(z_j))_c r_ij / n`` (n the mean
+    neighbour count constant N − 1; W, U linear in the radial basis, G linear in the type embedding).
+
+    forward(positions ``(B, N, 3)``, types ``(B, N)`` long)
+    → (scalars ``(B, N, S)``, vectors ``(B, N, V, 3)``).
+    """
+
+    def __init__(self, n_types: int, scalars: int, vectors: int, cutoff: float, n_rbf: int):
+        super().__init__()
+        self.cutoff, self.n_rbf = cutoff, n_rbf
+        self.embed = nn.Embedding(n_types, scalars)
+        self.scalar_filter = nn.Linear(n_rbf, scalars)
+        self.vector_filter = nn.Linear(n_rbf, vectors)
+        self.vector_gate = nn.Linear(scalars, vectors)
+
+    def forward(self, positions: Tensor, types: Tensor) -> tuple[Tensor, Tensor]:
+        rel, dist, off = pair_geometry(positions)
+        basis = bessel_basis(dist, self.cutoff, self.n_rbf) * off[..., None].to(dist.dtype)  # (B, N, N, K)
+        h = self.embed(types).to(positions.dtype)  # (B, N, S)
+        norm = 1.0 / max(positions.shape[1] - 1, 1)
+        w = self.scalar_filter(basis) * off[..., None].to(dist.dtype)  # (B, N, N, S); 0 on the diagonal
+        scalars = h + norm * torch.einsum("bijs,bjs->bis", w, h)
+        u = self.vector_filter(basis) * off[..., None].to(dist.dtype)  # (B, N, N, V)
+        g = self.vector_gate(h)  # (B, N, V)
+        vectors = norm * torch.einsum("bijv,bjv,bijx->bivx", u, g, rel)
+        return scalars, vectors
+
+
+class MoleculeRotor(TaskModel):
+    """Energy and forces of a molecule: :class:`AtomEnvironment` → :class:`RotorTransformer` (Cl(3)) →
+    per-atom energies summed; forces ``−∂E/∂x`` (see the module docstring).
+
+    Multivector inputs per atom: the centred position and the ``vectors`` radial-message vectors (vector
+    grade); scalars: the environment scalars. E(3): rotations and reflections act on every vector input
+    alike (O(3)-equivariant layers, invariant scalar readout); translations cancel (centring and relative
+    vectors). ``E = shift + scale · Σ_i e_i`` with ``shift`` the training set's mean energy and ``scale``
+    its force RMS (buffers, saved with the weights), so the network's outputs start at unit size.
+
+    forward(x ``(B, N, 4)``, y ``(B, N, 4)`` | None) → (prediction ``(B, N, 4)``, loss | None); forces are
+    built with ``create_graph`` while training (the force loss needs second derivatives).
+    """
+
+    def __init__(self, config: MoleculeModelConfig, *, energy_shift: float = 0.0, energy_scale: float = 1.0):
+        super().__init__()
+        self.config = config
+        rc = config.rotor
+        if rc.algebra != "cl3" or rc.in_channels != 1 + config.vectors or rc.out_scalars != 1:
+            raise ConfigError(
+                f"MoleculeRotor needs a cl3 RotorTransformer with in_channels = {1 + config.vectors} and "
+                f"out_scalars = 1, got {rc.algebra}, {rc.in_channels}, {rc.out_scalars}"
+            )
+        lookup = torch.full((119,), -1, dtype=torch.long)
+        lookup[list(config.elements)] = torch.arange(len(config.elements))
+        self.register_buffer("type_index", lookup, persistent=False)
+        self.register_buffer("energy_shift", torch.tensor(float(energy_shift), dtype=torch.float64))
+        self.register_buffer("energy_scale", torch.tensor(float(energy_scale), dtype=torch.float64))
+        self.environment = AtomEnvironment(
+            len(config.elements), rc.in_scalars, config.vectors, config.cutoff, config.n_rbf
+        )
+        self.model = RotorTransformer(rc)
+        self.algebra = self.model.algebra
+
+    def types(self, numbers: Tensor) -> Tensor:
+        """Embedding indices ``(B, N)`` of atomic numbers ``(B, N)`` (float or int); ValueError if unknown."""
+        z = numbers.round().long()
+        if z.min() < 0 or z.max() > 118 or (self.type_index[z] < 0).any():
+            raise ValueError(
+                f"MoleculeRotor knows elements {self.config.elements}, got {sorted(set(z.unique().tolist()))}"
+            )
+        return self.type_index[z]
+
+    def energy(self, numbers: Tensor, positions: Tensor) -> Tensor:
+        """Molecule energies ``(B,)`` (eV) of atomic numbers ``(B, N)`` at positions ``(B, N, 3)`` (Å)."""
+        scalars, vectors = self.environment(positions, self.types(numbers))
+        centred = positions - positions.mean(1, keepdim=True)
+        mv = self.algebra.vector(torch.cat((centred[:, :, None], vectors), dim=2))  # (B, N, 1 + V, 8)
+        _, atom_energy = self.model(mv, scalars)  # (B, N, 1)
+        scale, shift = self.energy_scale.to(positions.dtype), self.energy_shift.to(positions.dtype)
+        return shift + scale * atom_energy.sum((1, 2))
+
+    def energy_and_forces(
+        self, numbers: Tensor, positions: Tensor, *, create_graph: bool
+    ) -> tuple[Tensor, Tensor]:
+        """``(E (B,), F (B, N, 3) = −∂E/∂x)``; ``create_graph`` keeps F differentiable (for a force loss)."""
+        # the fused CPU attention kernel has no double backward; the math one is made of plain ops
+        with torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]):
+            positions = positions.detach().requires_grad_(True) if not positions.requires_grad else positions
+            energy = self.energy(numbers, positions)
+            (grad,) = torch.autograd.grad(energy.sum(), positions, create_graph=create_graph)
+        return energy, -grad
+
+    def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        check_molecule_batch(x, "x")
+        numbers, positions = x[..., 0], x[..., 1:4]
+        energy, forces = self.energy_and_forces(numbers, positions, create_graph=self.training)
+        if not self.training:
+            energy, forces = energy.detach(), forces.detach()
+        prediction = torch.cat((energy[:, None, None].expand(-1, x.shape[1], 1), forces), dim=-1)
+        return prediction, self.loss(prediction, y)
+
+    def loss(self, prediction: Tensor, y: Tensor | None) -> Tensor | None:
+        """``w_E · mean((E − E*)²) + w_F · mean((F − F*)²)`` (None without a target)."""
+        if y is None:
+            return None
+        check_molecule_batch(y, "y", like=prediction)
+        c = self.config
+        energy_mse = (prediction[:, 0, 0] - y[:, 0, 0]).pow(2).mean()
+        force_mse = (prediction[..., 1:] - y[..., 1:]).pow(2).mean()
+        return c.energy_weight * energy_mse + c.force_weight * force_mse
+
+
+def check_molecule_batch(x: Tensor, name: str, like: Tensor | None = None) -> None:
+    """ValueError unless ``x`` is ``(B, N, 4)`` (and shaped like ``like``)."""
+    if x.dim() != 3 or x.shape[-1] != 4:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected (B, N, 4)")
+    if like is not None and x.shape != like.shape:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(like.shape)}")

@@ -1,0 +1,131 @@
+"""The molecule task: the MD data builder and its file format, the energy model's physics (forces are
+−∂E/∂x, E(3) invariance / equivariance in float64), the one-line hint when the extra is missing, and a
+short training run that must lower the force error."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from geoattn.cli import main
+from geoattn.errors import ConfigError
+from geoattn.models.base import ModelSizes
+from geoattn.tasks.molecule.data import (
+    TrajectorySettings,
+    build_trajectory,
+    load_trajectory,
+    require,
+    save_trajectory,
+)
+from geoattn.tasks.molecule.task import MoleculeConfig, MoleculeTask
+from geoattn.tasks.nbody.simulator import random_orthogonal
+
+pytest.importorskip("tblite", reason="the 'molecules' extra (tblite, ase, rdkit) is not installed")
+
+# water, 10 MD steps after no equilibration: 5 frames two steps apart (well under a second)
+WATER = {"name": "water", "frames": 5, "stride": 2, "equilibration": 0}
+SIZES = ModelSizes(n_layer=2, n_head=2, n_embd=64)
+
+
+@pytest.fixture(scope="module")
+def water(tmp_path_factory):
+    settings = TrajectorySettings(**{**WATER, "frames": 12})
+    path = save_trajectory(
+        build_trajectory(settings, progress=False), tmp_path_factory.mktemp("mol") / "w.npz"
+    )
+    return MoleculeTask(MoleculeConfig(name="water", data=str(path), n_train=6, n_val=3))
+
+
+def test_builder_file_loads_back_bit_identically_and_is_reproducible(tmp_path):
+    settings = TrajectorySettings(**WATER)
+    first = build_trajectory(settings, progress=False)
+    path = save_trajectory(first, tmp_path / "water.npz")
+    loaded = load_trajectory(path)
+    for key in ("atomic_numbers", "positions", "energies", "forces"):
+        a, b = getattr(first, key), getattr(loaded, key)
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), key
+    assert loaded.settings["name"] == "water" and loaded.settings["stride"] == 2
+    assert list(loaded.atomic_numbers) == [8, 1, 1] and loaded.positions.shape == (5, 3, 3)
+    again = save_trajectory(build_trajectory(settings, progress=False), tmp_path / "again.npz")
+    assert again.read_bytes() == path.read_bytes()  # a fixed seed gives the same file
+    # frames are distinct configurations with GFN2-xTB-sized forces (eV/Å), not a frozen molecule
+    assert np.abs(np.diff(loaded.positions, axis=0)).max() > 1e-3
+    assert 0.01 < np.abs(loaded.forces).max() < 50
+
+
+def _model(task: MoleculeTask) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return task._build("rotor", SIZES, {})
+
+
+def test_forces_are_the_negative_energy_gradient(water):
+    model = _model(water).double().eval()
+    x, _ = water.split("val", torch.float64)
+    numbers, positions = x[:2, :, 0], x[:2, :, 1:]
+    _, forces = model.energy_and_forces(numbers, positions, create_graph=False)
+    h = 1e-5
+    for atom, axis in [(0, 0), (1, 2), (2, 1)]:
+        step = torch.zeros_like(positions)
+        step[:, atom, axis] = h
+        e_plus = model.energy(numbers, positions + step)
+        e_minus = model.energy(numbers, positions - step)
+        numeric = -(e_plus - e_minus) / (2 * h)
+        # central differences: O(h²) truncation plus the kernels' ~1e-12 eV rounding over 2h (~2e-7 here)
+        torch.testing.assert_close(forces[:, atom, axis], numeric, rtol=1e-5, atol=1e-6)
+
+
+def test_energy_invariant_and_forces_equivariant_under_e3(water):
+    model = _model(water).double().eval()
+    x, _ = water.split("val", torch.float64)
+    generator = torch.Generator().manual_seed(1)
+    q = random_orthogonal(x.shape[0], generator)  # rotations, half of them with a reflection
+    assert (torch.linalg.det(q) < 0).any() and (torch.linalg.det(q) > 0).any()
+    shift = 3.0 * torch.randn(x.shape[0], 1, 3, generator=generator, dtype=torch.float64)
+    moved = x.clone()
+    moved[..., 1:] = torch.einsum("bij,bnj->bni", q, x[..., 1:]) + shift
+    out, _ = model(x)
+    out_moved, _ = model(moved)
+    assert (out_moved[..., 0] - out[..., 0]).abs().max() <= 1e-8
+    rotated_forces = torch.einsum("bij,bnj->bni", q, out[..., 1:])
+    assert (out_moved[..., 1:] - rotated_forces).abs().max() <= 1e-8
+    assert out[..., 1:].abs().max() > 1e-3  # the test is not passed by zero forces
+
+
+def test_training_lowers_the_force_error(water):
+    model = _model(water)
+    x, y = water.split("train")
+    before = water.evaluate_split(model, "train")["force_mae_mev"]
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(40):
+        _, loss = model(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    after = water.evaluate_split(model, "train")["force_mae_mev"]
+    assert after < 0.7 * before, (before, after)
+
+
+def test_batches_and_metrics(water):
+    x, y = water.get_batch("train", 4, torch.Generator().manual_seed(0))
+    assert x.shape == (4, 3, 4) and y.shape == (4, 3, 4) and x.dtype == torch.float32
+    assert x[0, :, 0].tolist() == [8.0, 1.0, 1.0]
+    assert (y[:, :, 0] == y[:, :1, 0]).all()  # the energy is repeated on every atom
+    y = y.double()  # float32 energies (~137 eV) would round the 1 meV offset
+    metrics = water.metrics(y + 0.001, y)
+    assert metrics["energy_mae_mev"] == pytest.approx(1.0, rel=1e-3)
+    assert metrics["force_mae_mev"] == pytest.approx(1.0, rel=1e-3)
+    assert len(water.indices["test"]) == 3
+
+
+def test_missing_extra_is_one_line(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "tblite", None)  # `import tblite` now raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'geoattn\[molecules\]'"):
+        require("tblite")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(["data", "make", "molecule", "--name", "water", "--frames", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "geoattn[molecules]" in err and "Traceback" not in err
