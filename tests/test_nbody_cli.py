@@ -57,3 +57,15 @@ def test_a_run_that_failed_before_its_first_checkpoint_leaves_out_reusable(
     assert train(out, gatr_dir, "--model", "rotor") == 0  # no --force needed
     assert (out / "model.safetensors").exists()
     capsys.readouterr()
+
+
+def test_the_pga_rotor_model_trains_and_evaluates(gatr_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(out, gatr_dir, "--model", "rotor", "--set", 'model.algebra="pga"') == 0
+    assert json.loads((out / "config.json").read_text())["model"]["algebra"] == "pga"
+    summary = json.loads((out / "summary.json").read_text())
+    capsys.readouterr()
+    assert main(["eval", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "e3_generalization_mse" in table and "equivariance_error" in table
+    assert summary["final"]["equivariance_error"] < 1e-3  # float32

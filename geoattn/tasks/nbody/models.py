@@ -47,15 +47,32 @@ class NBodyTransformer(TaskModel):
 
 
 class NBodyRotor(TaskModel):
-    """:class:`RotorTransformer` in Cl(3) on the bodies, E(3)-equivariant by construction.
+    """:class:`RotorTransformer` on the bodies, E(3)-equivariant by construction, in Cl(3) or PGA.
 
-    Mass → the scalar channel; three vector channels: position − centroid, velocity, and velocity −
-    mean velocity; the first output vector channel is the displacement, added to the position. O(3)
-    comes from the layers, translations from the centring. The third channel matters: the star
-    starts at rest, so with positions and velocities alone its only non-zero vector is its position,
-    every query and key direction it forms is exactly (anti)parallel to it, and rotation/reflection
-    heads fall into their antiparallel guard, where the frame is arbitrary (equivariance error ~1e-7
-    in float64 instead of ~1e-10).
+    Inputs per body: the mass as the scalar input; three vectors u, as three multivector channels,
+    in the centroid's frame: position − centroid, velocity, and velocity − mean velocity. The output
+    is a displacement, added to the position. Translations come from the centring (every input is
+    translation-invariant), O(3) from the layers. The third vector matters: the star starts at rest,
+    so with positions and velocities alone its only non-zero vector is its position, every query and
+    key direction it forms is exactly (anti)parallel to it, and rotation/reflection heads fall into
+    their antiparallel guard, where the frame is arbitrary (equivariance error ~1e-7 in float64
+    instead of ~1e-10).
+
+    Embedding and read-out per algebra (``model.algebra``):
+
+    * ``cl3``: u as the vector ``u·e``; the displacement is the vector part of output channel 0.
+    * ``pga`` (Cl(3,0,1), e0 = the null basis vector, as GATr): u as the plane through the centroid
+      with normal u (grade 1) plus the translation-free ideal line ``e0 ∧ u`` (grade 2; GATr embeds
+      velocities so, as the bivector of the translator by u); the displacement is read back as the
+      ``e0 ∧ d`` part of output channel 0 (``d`` = its e0i coefficients), exact under O(3) because
+      Euclidean versors keep the ideal and Euclidean blades apart. Points (trivectors, GATr's position
+      embedding) are not used: under this library's versor action a reflection g maps the point P(x)
+      to −P(g x), the same point in homogeneous coordinates but another multivector, which would make
+      the model reflection-equivariant only up to that sign. Why the planes: the layers' nonlinear
+      parts (attention weights, norms, gates, rotor directions) read only the Euclidean blades, and
+      e0 blades enter linearly (e0² = 0), so without Euclidean parts carrying u the model would be
+      linear in the geometry (GATr avoids this with its join and distance-aware attention, which
+      these layers do not have).
 
     Float32: the rotor heads' factorised sums lose ``eps / (1 ± ⟨a, b⟩)`` on near-(anti)parallel pairs
     (bounded by their guard at ``sqrt(eps)``), which n-body configurations (planets on opposite sides
@@ -67,15 +84,34 @@ class NBodyRotor(TaskModel):
         super().__init__()
         self.config = rotor_config
         self.model = RotorTransformer(rotor_config)
-        self.algebra = self.model.algebra
+        self.algebra = ga = self.model.algebra
+        if ga.r > 1:
+            raise ValueError(f"NBodyRotor supports Cl(3) and PGA Cl(3,0,1), got {ga!r}")
+        # blade indices of e0 ∧ e_k (k = the Euclidean basis vectors), in PGA only
+        ideal = [ga.blade_names.index(f"e1{k}") for k in range(2, ga.n + 1)] if ga.r else []
+        self.register_buffer("ideal_index", torch.tensor(ideal, dtype=torch.long), persistent=False)
+
+    def embed(self, vectors: Tensor) -> Tensor:
+        """Vectors ``(..., 3)`` → multivectors ``(..., dim)``: ``u·e`` in Cl(3), plane + ``e0 ∧ u`` in PGA."""
+        if not self.algebra.r:
+            return self.algebra.vector(vectors)
+        plane = self.algebra.vector(torch.cat((torch.zeros_like(vectors[..., :1]), vectors), -1))
+        return plane.index_copy(-1, self.ideal_index, vectors)
+
+    def displacement(self, mv: Tensor) -> Tensor:
+        """Multivectors ``(..., dim)`` → the vector they carry ``(..., 3)`` (inverse of :meth:`embed` on
+        ``u·e`` in Cl(3), on ``e0 ∧ u`` in PGA)."""
+        if not self.algebra.r:
+            return self.algebra.vector_part(mv)
+        return mv.index_select(-1, self.ideal_index)
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         _check_inputs(x)
         m, position, velocity = x[..., :1], x[..., 1:4], x[..., 4:7]
         relative = velocity - velocity.mean(1, keepdim=True)
         vectors = torch.stack((position - centroid(position), velocity, relative), dim=2)  # (B, n, 3, 3)
-        mv, _ = self.model(self.algebra.vector(vectors), m)
-        prediction = position + self.algebra.vector_part(mv[:, :, 0])
+        mv, _ = self.model(self.embed(vectors), m)
+        prediction = position + self.displacement(mv[:, :, 0])
         return prediction, _mse(prediction, y)
 
 
