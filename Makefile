@@ -19,7 +19,7 @@ install: $(VENV)/.torch
 	$(BIN)/pip install --quiet -e .
 
 install-dev: $(VENV)/.torch
-	$(BIN)/pip install --quiet $(TORCH) -e '.[dev,molecules]'
+	$(BIN)/pip install --quiet $(TORCH) -e '.[dev,molecules,hf]'
 
 run: install
 	$(BIN)/geoattn quickstart

@@ -1,4 +1,4 @@
-"""The `geoattn` command: quickstart | train | eval | sample | experiment | bench | data."""
+"""The `geoattn` command: quickstart | train | eval | sample | export | experiment | bench | data."""
 
 from __future__ import annotations
 
@@ -262,6 +262,36 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------------- export ----
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write an lm run as a Hugging Face transformers model directory (needs geoattn[hf])",
+        description="Write the checkpoint of an lm run as a directory that transformers' "
+        "AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained load after "
+        "`import geoattn.hf`: config.json, model.safetensors, generation_config.json and the character "
+        "tokenizer (tokenizer.json).",
+    )
+    p.add_argument("--out", required=True, help="run directory written by geoattn train --task lm")
+    p.add_argument("--to", required=True, help="the directory to write")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --to")
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from geoattn.extras import require
+
+    require("transformers", extra="hf", purpose="geoattn export")
+    from transformers.utils import logging as hf_logging
+
+    from geoattn.hf import export_run
+
+    hf_logging.disable_progress_bar()  # one line of output, not transformers' per-file bars
+    to = export_run(Path(args.out), Path(args.to), force=args.force)
+    print(f"wrote {to}/: {' '.join(sorted(p.name for p in to.iterdir()))}")
+    return 0
+
+
 # ----------------------------------------------------------------------------------------- data ----
 def _add_data(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="list or download the registered datasets")
@@ -366,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_eval(sub)
     _add_sample(sub)
+    _add_export(sub)
     _add_experiment(sub)
     _add_bench(sub)
     _add_data(sub)
