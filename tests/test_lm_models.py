@@ -6,9 +6,11 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import SHAKESPEARE as DATA
 
 from geoattn.layers.common import merge_heads, split_heads
+from geoattn.layers.rt_block import RTAttention
 from geoattn.models.lm import LM_MODELS as MODELS
 from geoattn.models.lm import LMConfig, build_backbone, build_lm
 
@@ -269,3 +271,28 @@ def test_alibi_penalises_distance_and_runs_beyond_the_training_context():
     torch.testing.assert_close(attn(x), explicit, atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="pos='alibi' is only available for model 'transformer'"):
         build_lm("rt", LMConfig(pos="alibi"))
+
+
+def test_rt_predictions_one_at_a_time_on_the_prenorm_transformer():
+    """The ablation models: RT attention inside the pre-norm block, and the tangent correction on a
+    Euclidean residual stream (the sublayer output loses its component along the state)."""
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=32)
+    rt_prenorm = build_lm(
+        "rt", LMConfig(**cfg, residual="prenorm", process_noise=False, tangent_correction=False)
+    )
+    assert not rt_prenorm.sphere and isinstance(rt_prenorm.backbone.blocks[0].attn, RTAttention)
+    idx = torch.randint(65, (2, 16))
+    _, loss = rt_prenorm(idx, idx)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in rt_prenorm.parameters() if p.grad is not None)
+    corrected = build_lm("transformer", LMConfig(**cfg, tangent_correction=True))
+    block = corrected.backbone.blocks[0]
+    x = torch.randn(2, 16, 32)
+    o = torch.randn(2, 16, 32)
+    step = block._step(x, o) - x
+    assert (step * F.normalize(x, dim=-1)).sum(-1).abs().max() < 1e-5  # orthogonal to the state
+    assert not build_lm("transformer", LMConfig(**cfg)).backbone.blocks[0].tangent_correction  # default off
+    assert build_lm("rt", LMConfig(**cfg)).backbone.blocks[0].tangent_correction  # rt's default on
+    with pytest.raises(ValueError, match="residual must be"):
+        LMConfig(residual="euclid")

@@ -175,18 +175,38 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm GPT block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))`` (MLP optional)."""
+    """Pre-norm GPT block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))`` (MLP optional).
 
-    def __init__(self, attn: nn.Module, mlp: nn.Module | None, n_embd: int, norm: str = "layernorm"):
+    ``tangent_correction=True`` adds the RT block's third change to the Euclidean residual stream:
+    each sublayer output ``o`` loses its component along the current state's direction before the
+    residual step, ``x ← x + (o − ⟨o, x̂⟩ x̂)`` with ``x̂ = x/|x|`` (for the rt-predictions ablation).
+    """
+
+    def __init__(
+        self,
+        attn: nn.Module,
+        mlp: nn.Module | None,
+        n_embd: int,
+        norm: str = "layernorm",
+        *,
+        tangent_correction: bool = False,
+    ):
         super().__init__()
         self.ln_1, self.attn = make_norm(norm, n_embd), attn
         self.ln_2 = make_norm(norm, n_embd) if mlp is not None else None
         self.mlp = mlp
+        self.tangent_correction = tangent_correction
+
+    def _step(self, x: Tensor, o: Tensor) -> Tensor:
+        if self.tangent_correction:
+            direction = F.normalize(x, dim=-1)
+            o = o - (o * direction).sum(-1, keepdim=True) * direction
+        return x + o
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.ln_1(x), positions)
+        x = self._step(x, self.attn(self.ln_1(x), positions))
         if self.mlp is not None:
-            x = x + self.mlp(self.ln_2(x))
+            x = self._step(x, self.mlp(self.ln_2(x)))
         return x
 
     def attention_weights(self, x: Tensor, positions: Tensor | None = None) -> Tensor:

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from geoattn.errors import ConfigError
 from geoattn.layers.common import ScaledVector, check_input, normalize_
 from geoattn.layers.robust_filter import RFAAttention
-from geoattn.layers.rt_block import RTBlock
+from geoattn.layers.rt_block import RTAttention, RTBlock
 from geoattn.layers.sphere import STEPS, NGPTAttention, NormalizedSwiGLU, SphereBlock, to_sphere
 from geoattn.layers.transformer import Block, CausalSelfAttention, make_mlp, make_norm
 from geoattn.models.base import ModelSizes, TaskModel, decay_groups
@@ -71,7 +71,13 @@ class LMConfig:
     own ``o − h``, i.e. no tangent correction):
         magnitude_precision: key magnitudes set the precision κ_j ∝ |k_j|² (False: unit keys).
         qkv_norm: the kernel normalises values too (False: raw values are averaged; q, k stay unit).
-        tangent_correction: step along ``o − ⟨o,h⟩h`` (False: nGPT's ``o − h``).
+        tangent_correction: step along ``o − ⟨o,h⟩h`` (False: nGPT's ``o − h``); None: the model's
+            own choice (rt's sphere block: True; every other block: False). On a pre-norm block
+            (``transformer``, ``rfa``, ``rt`` with ``residual="prenorm"``) True removes the sublayer
+            output's component along the residual state's direction before the residual step.
+        residual: ``rt`` only: ``"sphere"`` (the RT block, default) or ``"prenorm"`` (RT-Filter
+            attention inside the standard pre-norm GPT block: the transformer with RT attention, for
+            the rt-predictions ablation).
         process_noise: σ_t² learned (False: σ_t² ≡ 0, no recency decay, the separable SDPA path).
         learn_omega: learn the rotation frequencies ω (else fixed at the RoPE spectrum).
         step: ``"retraction"`` or ``"geodesic"`` residual update on the sphere.
@@ -93,7 +99,8 @@ class LMConfig:
     norm: str = "layernorm"
     magnitude_precision: bool = True
     qkv_norm: bool = True
-    tangent_correction: bool = True
+    tangent_correction: bool | None = None
+    residual: str = "sphere"
     process_noise: bool = True
     learn_omega: bool = False
     step: str = "retraction"
@@ -128,6 +135,8 @@ class LMConfig:
             raise ConfigError(f"LMConfig.step must be one of {STEPS}, got {self.step!r}")
         if self.alpha_init <= 0:
             raise ConfigError(f"LMConfig.alpha_init must be positive, got {self.alpha_init}")
+        if self.residual not in ("sphere", "prenorm"):
+            raise ConfigError(f"LMConfig.residual must be 'sphere' or 'prenorm', got {self.residual!r}")
         if self.rt_backend not in ("auto", "reference"):
             raise ConfigError(f"LMConfig.rt_backend must be 'auto' or 'reference', got {self.rt_backend!r}")
 
@@ -264,6 +273,7 @@ def build_backbone(name: str, config: LMConfig) -> Backbone:
                 make_mlp(c.mlp, c.n_embd, c.mlp_hidden, c.dropout),
                 c.n_embd,
                 c.norm,
+                tangent_correction=bool(c.tangent_correction),
             )
             for _ in range(c.n_layer)
         ]
@@ -275,6 +285,7 @@ def build_backbone(name: str, config: LMConfig) -> Backbone:
                 make_mlp(c.mlp, c.n_embd, c.mlp_hidden, c.dropout),
                 c.n_embd,
                 c.norm,
+                tangent_correction=bool(c.tangent_correction),
             )
             for _ in range(c.n_layer)
         ]
@@ -288,28 +299,43 @@ def build_backbone(name: str, config: LMConfig) -> Backbone:
                 _sphere_mlp(c),
                 c.n_embd,
                 alpha_init=c.alpha_init,
-                tangent_correction=False,
+                tangent_correction=bool(c.tangent_correction),
                 step=c.step,
             )
             for _ in range(c.n_layer)
         ]
         return Backbone(c, blocks, sphere=True)
+    rt_attention_options = dict(
+        causal=c.causal,
+        magnitude_precision=c.magnitude_precision,
+        qkv_norm=c.qkv_norm,
+        process_noise=c.process_noise,
+        rotation=rope,
+        learn_omega=c.learn_omega,
+        rope_base=c.rope_base,
+        backend=c.rt_backend,
+    )
+    if c.residual == "prenorm":
+        blocks = [
+            Block(
+                RTAttention(c.n_embd, c.n_head, **rt_attention_options),
+                make_mlp(c.mlp, c.n_embd, c.mlp_hidden, c.dropout),
+                c.n_embd,
+                c.norm,
+                tangent_correction=bool(c.tangent_correction),
+            )
+            for _ in range(c.n_layer)
+        ]
+        return Backbone(c, blocks, sphere=False)
     blocks = [
         RTBlock(
             c.n_embd,
             c.n_head,
             mlp=_sphere_mlp(c),
             alpha_init=c.alpha_init,
-            tangent_correction=c.tangent_correction,
+            tangent_correction=c.tangent_correction is not False,
             step=c.step,
-            causal=c.causal,
-            magnitude_precision=c.magnitude_precision,
-            qkv_norm=c.qkv_norm,
-            process_noise=c.process_noise,
-            rotation=rope,
-            learn_omega=c.learn_omega,
-            rope_base=c.rope_base,
-            backend=c.rt_backend,
+            **rt_attention_options,
         )
         for _ in range(c.n_layer)
     ]
