@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -89,6 +90,10 @@ def run_one(
     return run.read_summary()
 
 
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def _line(index: int, total: int, p: RunPlan, text: str) -> str:
     return f"[{index}/{total}] {p.cell.name} seed {p.seed}: {text}"
 
@@ -123,7 +128,9 @@ def execute(
             print_line(_line(index, total, p, "done  " + _outcome(summary, spec.metrics)))
         return
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
+    try:
         futures = {}
         for index, p in enumerate(todo, 1):
             futures[pool.submit(run_one, p.config, p.status == "resume", spec.evaluate, threads)] = (index, p)
@@ -131,9 +138,18 @@ def execute(
             index, p = futures[future]
             summary = future.result()
             if summary.get("interrupted"):
-                print_line(
-                    _line(index, total, p, f"interrupted at iter {summary['iter']} (checkpoint saved)")
-                )
+                stopped = f"interrupted at iter {summary['iter']} (checkpoint saved)"
+                print_line(_line(index, total, p, stopped))
                 continue
             print_line(_line(index, total, p, "done  " + _outcome(summary, spec.metrics)))
+    except KeyboardInterrupt:
+        # Ctrl-C reaches the workers too; a SIGTERM to this process only: pass it on, so every
+        # running trainer saves its checkpoint and stops (no orphaned worker keeps training)
+        for worker in list(pool._processes.values()):
+            worker.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    pool.shutdown(wait=True)
     sys.stdout.flush()
