@@ -4,21 +4,23 @@
 from geoattn.tasks.nbody.models import NBodyRotor, NBodyTransformer
 from geoattn.tasks.nbody.simulator import (
     SETS,
+    SIMULATED_SIZES,
     NBodyConfig,
     NBodySet,
     accelerations,
     initial_conditions,
-    leapfrog,
     load_gatr_format,
     random_orthogonal,
     random_rotations,
     save_gatr_format,
     simulate_systems,
+    symplectic_euler,
 )
 from geoattn.tasks.nbody.task import NBodyTask, equivariance_error
 
 __all__ = [
     "SETS",
+    "SIMULATED_SIZES",
     "NBodyConfig",
     "NBodySet",
     "NBodyTask",
@@ -27,10 +29,10 @@ __all__ = [
     "accelerations",
     "equivariance_error",
     "initial_conditions",
-    "leapfrog",
     "load_gatr_format",
     "random_orthogonal",
     "random_rotations",
     "save_gatr_format",
     "simulate_systems",
+    "symplectic_euler",
 ]

@@ -1,10 +1,12 @@
 """The ``nbody`` task: GATr's n-body protocol (SPEC §3; Brehmer et al. 2023, §5.1).
 
 A star and planets under Newtonian gravity: predict every body's position after a fixed time from
-its mass, position and velocity. Five sets, as GATr: ``train``, ``val``, ``eval``, the
-E(3)-generalisation set ``e3_generalization`` (translations with std 200 instead of 20) and the
-object-generalisation set ``object_generalization`` (5 planets instead of 3). They are simulated
-here from fixed seeds (:func:`simulate_systems`), or loaded from GATr's own files with
+its mass, position and velocity. Five sets, as GATr's
+``scripts/generate_nbody_dataset.py``: ``train`` (100,000 samples), ``val``, ``eval`` (5,000 each),
+the E(3)-generalisation set ``e3_generalization`` (5,000; the usual random translation plus a fixed
++200 along x) and the object-generalisation set ``object_generalization`` (5,000; 5 planets instead
+of 3). They are simulated here from fixed seeds with GATr's ``NBodySimulator`` rules
+(:func:`simulate_systems`, see :class:`NBodyConfig`), or loaded from GATr's own files with
 ``NBodyConfig(data=DIR)`` (:func:`load_gatr_format`); :func:`save_gatr_format` writes ours in that
 format, so both can be compared on the same samples.
 
@@ -15,6 +17,7 @@ the final positions.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,8 @@ from geoattn.errors import ConfigError, DataError
 
 SETS = ("train", "val", "eval", "e3_generalization", "object_generalization")
 ARRAYS = ("m", "x_initial", "v_initial", "x_final")
+# GATr's generator also stores every sample's path; its training pipeline reads it from val only
+TRAJECTORY_SETS = ("val",)
 # the NBodyConfig field that sizes each set (``--set task.train_size=1000``)
 SIZE_FIELDS = {
     "train": "train_size",
@@ -35,30 +40,35 @@ SIZE_FIELDS = {
     "e3_generalization": "e3_size",
     "object_generalization": "object_size",
 }
-# samples per set when simulating and no size is set
+# samples per set when simulating and no size is set: GATr's (scripts/generate_nbody_dataset.py)
 SIMULATED_SIZES = {
-    "train": 10_000,
-    "val": 1_000,
-    "eval": 1_000,
-    "e3_generalization": 1_000,
-    "object_generalization": 1_000,
+    "train": 100_000,
+    "val": 5_000,
+    "eval": 5_000,
+    "e3_generalization": 5_000,
+    "object_generalization": 5_000,
 }
 
 
 @dataclass
 class NBodyConfig:
-    """The n-body simulator (GATr's protocol) and set sizes; small CPU defaults.
+    """The n-body simulator and set sizes; the defaults are GATr's (``gatr/experiments/nbody/simulator.py``
+    ``NBodySimulator()`` and ``scripts/generate_nbody_dataset.py``).
 
-    Simulation, per sample: star mass log-uniform on ``star_mass_range``, ``n_planets`` planet masses
-    log-uniform on ``planet_mass_range``; the star at rest at the origin, planets uniform in area on
-    the annulus ``radius_range`` of the x-y plane, each on a circular orbit around the star
-    (speed ``sqrt(G M / r)``, clockwise or anticlockwise at random) plus Gaussian velocity noise
-    ``vel_std`` per component; then the bodies in random order, a Haar-random rotation and a
-    Gaussian translation (std ``shift_std``; ``e3_shift_std`` for the E(3)-generalisation set);
-    evolved for ``time`` in ``steps`` leapfrog steps (kick-drift-kick, symplectic; GATr uses
-    symplectic Euler; no softening — the close encounters it would tame are what the drop rule
-    removes); samples in which any body moves more than ``max_displacement`` are dropped and
-    replaced.
+    Simulation, per sample (GATr's rules; only the random number streams differ): star mass
+    log-uniform on ``star_mass_range``, ``n_planets`` planet masses log-uniform on
+    ``planet_mass_range``; the star at rest at the origin, planets uniform in area on the annulus
+    ``radius_range`` of the x-y plane, each on a circular orbit around the star (speed
+    ``sqrt(G M / r)``, clockwise or anticlockwise with probability 1/2) plus Gaussian velocity noise
+    ``vel_std`` on each of the three components; then the bodies in random order, a Haar-random
+    rotation and a Gaussian translation (std ``shift_std`` per axis), and for the
+    E(3)-generalisation set a further fixed ``e3_shift`` along x (GATr's ``ood_shift``); evolved for
+    ``time`` in ``steps`` symplectic Euler steps (``v += dt a(x)``, then ``x += dt v``; no softening,
+    the close encounters it would tame are what the drop rule removes); samples in which any body
+    ends more than ``max_displacement`` from where it started are dropped. GATr draws
+    ``round(1.1 N)`` candidates once and keeps the first N survivors (fewer if more than 10 % are
+    dropped; with the defaults 0.2 % are with 3 planets, 0.6 % with 5); here candidates are drawn
+    until N survive, which gives the same distribution and always N samples.
 
     Sizes: simulated sets have ``*_size`` samples (None: :data:`SIMULATED_SIZES`); sets loaded from
     ``data`` keep the first ``*_size`` samples of their file (None: all of them; more than the file
@@ -68,7 +78,18 @@ class NBodyConfig:
         data: a directory with GATr's files to load instead of simulating (``--data DIR``).
         seed: base seed; each set has its own (``seed + its index in SETS``).
         train_size, val_size, eval_size, e3_size, object_size: samples; --data: a file's first N (None: all).
-        n_planets, object_planets: planets in the standard sets / the object-generalisation set.
+        n_planets: planets per system in train, val, eval and the E(3)-generalisation set.
+        object_planets: planets per system in the object-generalisation set.
+        star_mass_range: (low, high) of the star's log-uniform mass.
+        planet_mass_range: (low, high) of each planet's log-uniform mass.
+        radius_range: (low, high) of the planets' distance from the star (uniform in area).
+        vel_std: std of the Gaussian noise on each component of a planet's initial velocity.
+        shift_std: std per axis of the random translation of every system.
+        e3_shift: fixed shift along x added to the E(3)-generalisation set (GATr's ood_shift).
+        G: gravitational constant (GATr: 1).
+        time: simulated time from the initial to the final positions.
+        steps: symplectic Euler steps over ``time``.
+        max_displacement: samples in which a body moves farther are dropped (GATr's outlier_threshold).
     """
 
     data: str | None = None
@@ -85,7 +106,7 @@ class NBodyConfig:
     radius_range: tuple[float, float] = (0.1, 1.0)
     vel_std: float = 0.01
     shift_std: float = 20.0
-    e3_shift_std: float = 200.0
+    e3_shift: float = 200.0
     G: float = 1.0
     time: float = 0.1
     steps: int = 100
@@ -105,7 +126,7 @@ class NBodyConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"NBodyConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("vel_std", "shift_std", "e3_shift_std"):
+        for name in ("vel_std", "shift_std", "e3_shift"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"NBodyConfig.{name} must be ≥ 0, got {getattr(self, name)}")
         for name in ("G", "time", "max_displacement"):
@@ -119,12 +140,14 @@ class NBodyConfig:
 
 @dataclass
 class NBodySet:
-    """One set in GATr's layout: ``m`` ``(B, n)``, ``x_initial``, ``v_initial``, ``x_final`` ``(B, n, 3)``."""
+    """One set in GATr's layout: ``m`` ``(B, n)``, ``x_initial``, ``v_initial``, ``x_final`` ``(B, n, 3)``;
+    optionally ``trajectories`` ``(B, n, steps + 1, 3)``, every position from initial to final."""
 
     m: Tensor
     x_initial: Tensor
     v_initial: Tensor
     x_final: Tensor
+    trajectories: Tensor | None = None
 
     def __len__(self) -> int:
         return self.m.shape[0]
@@ -133,12 +156,14 @@ class NBodySet:
         """``(B, n, 7)``: mass, position, velocity per body."""
         return torch.cat((self.m[..., None], self.x_initial, self.v_initial), dim=-1)
 
-    def subset(self, index: Tensor) -> NBodySet:
-        return NBodySet(*(getattr(self, a)[index] for a in ARRAYS))
+    def subset(self, index: Tensor | slice) -> NBodySet:
+        """The samples ``index`` (an index tensor or a slice), trajectories included."""
+        paths = self.trajectories[index] if self.trajectories is not None else None
+        return NBodySet(*(getattr(self, a)[index] for a in ARRAYS), trajectories=paths)
 
     def head(self, count: int) -> NBodySet:
         """The first ``count`` samples (GATr's ``subsample`` also keeps a file's first samples)."""
-        return NBodySet(*(getattr(self, a)[:count] for a in ARRAYS))
+        return self.subset(slice(0, count))
 
     def content_hash(self) -> str:
         """SHA-256 of the arrays (names, shapes, float64 little-endian bytes): which data a run saw."""
@@ -157,27 +182,36 @@ class NBodySet:
 def accelerations(m: Tensor, x: Tensor, G: float = 1.0) -> Tensor:
     """Newtonian accelerations ``a_i = G Σ_{j≠i} m_j (x_j − x_i) / |x_j − x_i|³``.
 
-    Shapes: m ``(B, n)``, x ``(B, n, 3)`` → ``(B, n, 3)``.
+    As GATr, a distance below 1e-9 counts as 1 (coincident bodies do not blow up). One pass per pair
+    i < j, each giving both bodies their share: 2× faster than the (B, n, n, 3) broadcast for the few
+    bodies here. Shapes: m ``(B, n)``, x ``(B, n, 3)`` → ``(B, n, 3)``.
     """
-    diff = x[:, None, :, :] - x[:, :, None, :]  # (B, i, j, 3): x_j − x_i
-    dist2 = diff.square().sum(-1)
-    eye = torch.eye(x.shape[1], dtype=torch.bool, device=x.device)
-    inv3 = torch.where(eye, torch.zeros_like(dist2), dist2.clamp_min(1e-30) ** -1.5)  # no self-force
-    return G * ((m[:, None, :] * inv3)[..., None] * diff).sum(2)
+    a = torch.zeros_like(x)
+    for i, j in itertools.combinations(range(x.shape[1]), 2):
+        d = x[:, j] - x[:, i]  # (B, 3)
+        dist = d.norm(dim=-1, keepdim=True)
+        pull = d / torch.where(dist < 1e-9, torch.ones_like(dist), dist) ** 3
+        a[:, i] += m[:, j, None] * pull
+        a[:, j] -= m[:, i, None] * pull
+    return G * a
 
 
-def leapfrog(
-    m: Tensor, x: Tensor, v: Tensor, *, time: float, steps: int, G: float = 1.0
-) -> tuple[Tensor, Tensor]:
-    """Kick-drift-kick leapfrog over ``time`` in ``steps`` steps; the final ``(x, v)``, ``(B, n, 3)`` each."""
+def symplectic_euler(
+    m: Tensor, x: Tensor, v: Tensor, *, time: float, steps: int, G: float = 1.0, trajectory: bool = False
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """GATr's integrator: ``steps`` steps of ``v ← v + dt a(x)``, then ``x ← x + dt v``, dt = time / steps.
+
+    Symplectic, first order. Shapes: m ``(B, n)``, x, v ``(B, n, 3)`` → final ``x``, ``v`` ``(B, n, 3)``
+    and, if ``trajectory``, every position ``(B, n, steps + 1, 3)`` (the initial one first), else None.
+    """
     dt = time / steps
-    a = accelerations(m, x, G)
+    path = [x] if trajectory else []
     for _ in range(steps):
-        v = v + 0.5 * dt * a
+        v = v + dt * accelerations(m, x, G)
         x = x + dt * v
-        a = accelerations(m, x, G)
-        v = v + 0.5 * dt * a
-    return x, v
+        if trajectory:
+            path.append(x)
+    return x, v, torch.stack(path, dim=2) if trajectory else None
 
 
 def random_rotations(n: int, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -219,13 +253,23 @@ def initial_conditions(
 
 
 def simulate_systems(
-    count: int, n_planets: int, config: NBodyConfig, generator: torch.Generator, *, shift_std: float
+    count: int,
+    n_planets: int,
+    config: NBodyConfig,
+    generator: torch.Generator,
+    *,
+    domain_shift: bool = False,
+    trajectories: bool = False,
 ) -> NBodySet:
-    """``count`` samples of the protocol (see :class:`NBodyConfig`), float64, vectorised over samples."""
+    """``count`` samples of the protocol (see :class:`NBodyConfig`), float64, vectorised over samples.
+
+    ``domain_shift``: add ``config.e3_shift`` along x after the random translation (GATr's
+    E(3)-generalisation set). ``trajectories``: keep every sample's path (``(count, n, steps + 1, 3)``).
+    """
     chunks: list[NBodySet] = []
     kept = 0
     while kept < count:
-        candidates = math.ceil(1.1 * (count - kept)) + 8  # a few are dropped
+        candidates = math.ceil(1.1 * (count - kept)) + 8  # < 1 % are dropped
         m, x, v = initial_conditions(candidates, n_planets, config, generator)
         order = torch.argsort(torch.rand(candidates, n_planets + 1, generator=generator), dim=1)
         m, x, v = (
@@ -234,15 +278,22 @@ def simulate_systems(
             v.gather(1, order[..., None].expand_as(v)),
         )
         rotation = random_rotations(candidates, generator)
-        shift = shift_std * torch.randn(candidates, 1, 3, generator=generator, dtype=torch.float64)
+        shift = config.shift_std * torch.randn(candidates, 1, 3, generator=generator, dtype=torch.float64)
+        if domain_shift:
+            shift[..., 0] += config.e3_shift
         x = torch.einsum("bij,bnj->bni", rotation, x) + shift
         v = torch.einsum("bij,bnj->bni", rotation, v)
-        x_final, _ = leapfrog(m, x, v, time=config.time, steps=config.steps, G=config.G)
+        x_final, _, path = symplectic_euler(
+            m, x, v, time=config.time, steps=config.steps, G=config.G, trajectory=trajectories
+        )
         keep = (x_final - x).norm(dim=-1).amax(1) <= config.max_displacement
-        chunks.append(NBodySet(m[keep], x[keep], v[keep], x_final[keep]))
+        chunks.append(NBodySet(m, x, v, x_final, trajectories=path).subset(keep))
         kept += int(keep.sum())
-    merged = NBodySet(*(torch.cat([getattr(c, a) for c in chunks]) for a in ARRAYS))
-    return merged.subset(torch.arange(count))
+    merged = NBodySet(
+        *(torch.cat([getattr(c, a) for c in chunks]) for a in ARRAYS),
+        trajectories=torch.cat([c.trajectories for c in chunks]) if trajectories else None,
+    )
+    return merged.head(count)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -250,15 +301,31 @@ def simulate_systems(
 
 
 def save_gatr_format(sets: dict[str, NBodySet], directory: str | Path) -> None:
-    """Write ``{name}.npz`` with arrays ``m, x_initial, v_initial, x_final`` per set (GATr's layout)."""
+    """Write ``{name}.npz`` per set as GATr's ``scripts/generate_nbody_dataset.py`` does: float64 arrays
+    ``m, x_initial, v_initial, x_final`` and ``trajectories`` ``(B, n, steps + 1, 3)``.
+
+    GATr's loader (``NBodyDataset``) reads the first four from every file and ``trajectories`` from
+    val (``keep_trajectories`` for the val tag), so val must have them; other sets write them when
+    they have them (the simulator keeps them for val only: for 100,000 training samples they would
+    take 970 MB).
+    """
+    for name in TRAJECTORY_SETS:
+        if name in sets and sets[name].trajectories is None:
+            raise DataError(f"nbody: set {name!r} has no trajectories, which GATr's pipeline reads from it")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for name, data in sets.items():
-        np.savez(directory / f"{name}.npz", **{a: getattr(data, a).cpu().numpy() for a in ARRAYS})
+        arrays = {a: getattr(data, a).cpu().numpy() for a in ARRAYS}
+        if data.trajectories is not None:
+            arrays["trajectories"] = data.trajectories.cpu().numpy()
+        np.savez(directory / f"{name}.npz", **arrays)
 
 
 def load_gatr_format(directory: str | Path, names: tuple[str, ...] = SETS) -> dict[str, NBodySet]:
-    """Read GATr's ``{name}.npz`` files (float64 tensors), checking every array's presence and shape."""
+    """Read GATr's ``{name}.npz`` files (float64 tensors), checking every array's presence and shape.
+
+    ``trajectories`` are read from val when the file has them (as GATr's pipeline), else left None.
+    """
     directory = Path(directory)
     if not directory.is_dir():
         raise DataError(f"nbody data directory {str(directory)!r} does not exist")
@@ -273,6 +340,8 @@ def load_gatr_format(directory: str | Path, names: tuple[str, ...] = SETS) -> di
             if missing:
                 raise DataError(f"nbody data: {str(path)!r} lacks array(s) {', '.join(missing)}")
             arrays = {a: np.asarray(npz[a]) for a in ARRAYS}
+            keep = name in TRAJECTORY_SETS and "trajectories" in npz.files
+            paths = np.asarray(npz["trajectories"]) if keep else None
         m = arrays["m"]
         if m.ndim != 2 or m.shape[0] == 0:
             raise DataError(
@@ -284,7 +353,15 @@ def load_gatr_format(directory: str | Path, names: tuple[str, ...] = SETS) -> di
                     f"nbody data: {str(path)!r} array {a} has shape {arrays[a].shape}, "
                     f"expected {(*m.shape, 3)} (m has {m.shape})"
                 )
-        sets[name] = NBodySet(*(torch.from_numpy(arrays[a]).to(torch.float64) for a in ARRAYS))
+        if paths is not None and (paths.ndim != 4 or paths.shape[:2] != m.shape or paths.shape[3] != 3):
+            raise DataError(
+                f"nbody data: {str(path)!r} array trajectories has shape {paths.shape}, "
+                f"expected {(*m.shape, 'steps + 1', 3)}"
+            )
+        sets[name] = NBodySet(
+            *(torch.from_numpy(arrays[a]).to(torch.float64) for a in ARRAYS),
+            trajectories=torch.from_numpy(paths).to(torch.float64) if paths is not None else None,
+        )
     return sets
 
 

@@ -22,6 +22,7 @@ from geoattn.tasks.nbody.simulator import (
     SETS,
     SIMULATED_SIZES,
     SIZE_FIELDS,
+    TRAJECTORY_SETS,
     NBodyConfig,
     NBodySet,
     load_gatr_format,
@@ -90,9 +91,14 @@ class NBodyTask(Task):
             c = self.config
             generator = torch.Generator().manual_seed(c.seed + SETS.index(name))
             planets = c.object_planets if name == "object_generalization" else c.n_planets
-            shift = c.e3_shift_std if name == "e3_generalization" else c.shift_std
-            size = c.set_size(name) or SIMULATED_SIZES[name]
-            self._sets[name] = simulate_systems(size, planets, c, generator, shift_std=shift)
+            self._sets[name] = simulate_systems(
+                c.set_size(name) or SIMULATED_SIZES[name],
+                planets,
+                c,
+                generator,
+                domain_shift=name == "e3_generalization",
+                trajectories=name in TRAJECTORY_SETS,
+            )
         return self._sets[name]
 
     def save_gatr_format(self, directory: str | Path) -> None:
