@@ -183,7 +183,7 @@ def test_bad_data_files(tmp_path, capsys, content, fragment):
     [
         (["--task", "vision"], ["unknown task 'vision'", "lm, filter, nbody"]),
         (["--model", "gpt5"], ["supports models transformer, rt, rfa, ngpt", "'gpt5'"]),
-        (["--model", "rotor"], ["lm task supports models", "'rotor'"]),
+        (["--model", "gatr"], ["lm task supports models", "rotor", "'gatr'"]),
         (["--set", "lerning_rate=1"], ["unknown config key 'lerning_rate'", "valid keys:", "max_iters"]),
         (["--set", "model.widht=3"], ["unknown model setting(s) widht", "valid:"]),
         (["--max-iters", "0"], ["max_iters must be >= 1"]),
@@ -196,7 +196,7 @@ def test_bad_settings(tmp_path, capsys, flags, fragments):
 @pytest.mark.parametrize(
     "flags, fragments",
     [
-        (["--model", "rotor"], ["filter task supports models transformer, rt, rfa, ngpt", "'rotor'"]),
+        (["--model", "gatr"], ["filter task supports models transformer, rt, rfa, ngpt, rotor", "'gatr'"]),
         (["--set", "task.sigma=1"], ["unknown task setting(s) sigma", "valid:", "sigma_t"]),
         (["--data", str(SHAKESPEARE)], ["the filter task generates its data; it takes no --data"]),
     ],

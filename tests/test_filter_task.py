@@ -187,7 +187,7 @@ def test_bad_requests_raise(task):
     with pytest.raises(ValueError, match="split"):
         task.get_batch("test", 2, torch.Generator())
     with pytest.raises(ValueError, match="transformer, rt, rfa, ngpt"):
-        task.build_model("rotor", tiny())
+        task.build_model("gatr", tiny())
     with pytest.raises(ValueError, match="unknown model setting"):
         task.build_model("transformer", tiny(not_a_field=1))
     model = task.build_model("transformer", tiny())

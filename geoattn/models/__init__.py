@@ -1,4 +1,4 @@
-"""Whole networks: the language models (one config family) and the RotorTransformer."""
+"""Whole networks: the language models (one config family), the RotorLM and the RotorTransformer."""
 
 from geoattn.models.lm import (
     NGPTLM,
@@ -9,6 +9,7 @@ from geoattn.models.lm import (
     build_backbone,
     build_lm,
 )
+from geoattn.models.rotor_lm import RotorBackbone, RotorLM, RotorLMConfig
 from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig, center
 
 __all__ = [
@@ -19,6 +20,9 @@ __all__ = [
     "NGPTLM",
     "build_lm",
     "build_backbone",
+    "RotorLM",
+    "RotorLMConfig",
+    "RotorBackbone",
     "RotorTransformer",
     "RotorTransformerConfig",
     "center",

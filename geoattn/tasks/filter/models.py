@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geoattn.models.base import TaskModel, decay_groups
 from geoattn.models.lm import LMConfig, build_backbone
+from geoattn.models.rotor_lm import RotorBackbone, RotorLMConfig
 
 
 class FilterModel(TaskModel):
@@ -19,16 +22,21 @@ class FilterModel(TaskModel):
     the RT layers can then map it into their key norms ``|k|`` (their confidence). The backbone runs
     causally with ``positions`` = the observation times; a Linear maps back to ``D`` and the output
     is normalised. ``forward(x (B, T, D + 1), y (B, T, D) | None) -> (prediction (B, T, D), loss)``,
-    loss = mean(1 − cos(prediction, y)).
+    loss = mean(1 − cos(prediction, y)). ``rotor`` (a :class:`RotorLMConfig`): the
+    :class:`RotorBackbone`, whose width is its invariant features (rotor positions at the times).
     """
 
-    def __init__(self, name: str, dim: int, backbone_config: LMConfig):
+    def __init__(self, name: str, dim: int, backbone_config: LMConfig | RotorLMConfig):
         super().__init__()
         self.config = backbone_config
         self.dim = dim
-        width = backbone_config.n_embd
+        if name == "rotor":
+            self.backbone = RotorBackbone(backbone_config)
+            width = self.backbone.width
+        else:
+            self.backbone = build_backbone(name, backbone_config)
+            width = backbone_config.n_embd
         self.embed = nn.Linear(dim + 1, width)
-        self.backbone = build_backbone(name, backbone_config)
         self.head = nn.Linear(width, dim)
 
     def _features(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -54,6 +62,10 @@ class FilterModel(TaskModel):
         """One ``(B, H, T, T)`` attention-weight tensor per layer, for plots."""
         h, times = self._features(x)
         return self.backbone.attention_maps(h, times)
+
+    def plots(self, directory: Path) -> list[Path]:
+        """The rotor backbone's ``model_rotor_positions.png``; nothing for the other backbones."""
+        return self.backbone.plots(directory) if isinstance(self.backbone, RotorBackbone) else []
 
     def normalize_weights(self) -> None:
         """Keep the hypersphere backbones' weights unit-norm (no-op for pre-norm backbones)."""

@@ -13,6 +13,7 @@ from torch import Tensor
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LM_MODELS, LMConfig
+from geoattn.models.rotor_lm import ROTOR_LM_DESCRIPTION, RotorLMConfig
 from geoattn.tasks.base import Task
 from geoattn.tasks.filter import estimators
 from geoattn.tasks.filter.models import FilterModel
@@ -26,7 +27,7 @@ class FilterTask(Task):
     """RT-SDE direction filtering (see the module docstring and :class:`FilterConfig`)."""
 
     name: ClassVar[str] = "filter"
-    models: ClassVar[dict[str, str]] = LM_MODELS
+    models: ClassVar[dict[str, str]] = {**LM_MODELS, "rotor": ROTOR_LM_DESCRIPTION}
     Settings: ClassVar[type] = FilterConfig
     description: ClassVar[str] = (
         "estimate a direction drifting on the sphere (the RT-SDE) from noisy measurements"
@@ -53,6 +54,8 @@ class FilterTask(Task):
 
     @classmethod
     def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
+        if model == "rotor":  # always causal
+            return RotorLMConfig, ("vocab_size", "block_size")
         return LMConfig, ("vocab_size", "block_size", "causal")
 
     def pool(self, split: str) -> FilterSample:
@@ -83,10 +86,13 @@ class FilterTask(Task):
         return x.to(device), sample.directions.float().to(device)
 
     def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
-        """A causal :class:`FilterModel` around ``build_backbone(model, ...)`` with the run's sizes."""
-        config = LMConfig.from_sizes(
-            sizes, options, vocab_size=1, block_size=self.config.seq_len, causal=True
-        )
+        """A causal :class:`FilterModel` around ``build_backbone(model, ...)`` (``rotor``: a
+        :class:`RotorBackbone`) with the run's sizes."""
+        fixed = dict(vocab_size=1, block_size=self.config.seq_len)
+        if model == "rotor":
+            config = RotorLMConfig.from_sizes(sizes, options, **fixed)
+        else:
+            config = LMConfig.from_sizes(sizes, options, **fixed, causal=True)
         return FilterModel(model, self.config.dim, config)
 
     def metrics(self, prediction: Tensor, y: Tensor) -> dict[str, float]:

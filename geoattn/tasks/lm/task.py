@@ -20,6 +20,7 @@ from torch import Tensor
 from geoattn.errors import ConfigError, DataError
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LM_MODELS, LMConfig, build_lm
+from geoattn.models.rotor_lm import ROTOR_LM_DESCRIPTION, RotorLM, RotorLMConfig
 from geoattn.tasks.base import EvalRow, Task
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class LMTask(Task):
     """
 
     name: ClassVar[str] = "lm"
-    models: ClassVar[dict[str, str]] = LM_MODELS
+    models: ClassVar[dict[str, str]] = {**LM_MODELS, "rotor": ROTOR_LM_DESCRIPTION}
     Settings: ClassVar[type] = LMSettings
     description: ClassVar[str] = "character-level language modelling on a UTF-8 text (nanoGPT's recipe)"
 
@@ -126,7 +127,7 @@ class LMTask(Task):
 
     @classmethod
     def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
-        return LMConfig, ("vocab_size", "block_size")
+        return (RotorLMConfig if model == "rotor" else LMConfig), ("vocab_size", "block_size")
 
     @property
     def vocab_size(self) -> int:
@@ -168,9 +169,12 @@ class LMTask(Task):
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
-        """``build_lm(model, LMConfig)`` with the run's sizes, ``model.*`` options and this vocabulary."""
-        config = LMConfig.from_sizes(sizes, options, vocab_size=self.vocab_size, block_size=self.block_size)
-        return build_lm(model, config)
+        """``build_lm(model, LMConfig)`` (``rotor``: ``RotorLM(RotorLMConfig)``) with the run's sizes,
+        ``model.*`` options and this vocabulary."""
+        fixed = dict(vocab_size=self.vocab_size, block_size=self.block_size)
+        if model == "rotor":
+            return RotorLM(RotorLMConfig.from_sizes(sizes, options, **fixed))
+        return build_lm(model, LMConfig.from_sizes(sizes, options, **fixed))
 
     # ------------------------------------------------------------------ evaluation ---------------
     @torch.no_grad()
