@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -69,3 +70,23 @@ def test_the_pga_rotor_model_trains_and_evaluates(gatr_dir, tmp_path, capsys):
     table = capsys.readouterr().out
     assert "e3_generalization_mse" in table and "equivariance_error" in table
     assert summary["final"]["equivariance_error"] < 1e-3  # float32
+
+
+@pytest.mark.parametrize("model", ["rotor", "transformer"])
+def test_list_settings_explains_every_task_and_model_key(model, capsys):
+    assert main(["train", "--task", "nbody", "--model", model, "--list-settings"]) == 0
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith(("| task.", "| model."))
+    ]
+    keys = {row[0]: row[3] for row in rows}
+    config_cls, fixed = NBodyTask.model_settings(model)
+    expected = [f"task.{f.name}" for f in dataclasses.fields(NBodyConfig)]
+    expected += [f"model.{f.name}" for f in dataclasses.fields(config_cls) if f.name not in fixed]
+    assert sorted(keys) == sorted(expected)
+    assert all(keys.values()), [k for k, v in keys.items() if not v]  # every key has a help text
+    if model == "rotor":  # how the run's width maps onto the rotor model
+        assert "n_embd // 8" in keys["model.channels"] and "n_embd // 8" in keys["model.scalars"]
+        assert "--n-head" in keys["model.head_types"] and "--n-layer" in keys["model.n_layer"]
+    assert "first N" in keys["task.train_size"]

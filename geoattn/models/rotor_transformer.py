@@ -32,16 +32,30 @@ DEFAULT_HEAD_CYCLE = ("rotation", "rotation", "reflection", "projection")
 class RotorTransformerConfig:
     """Shape and options of a :class:`RotorTransformer`.
 
+    From a run's flags (:meth:`from_sizes`, what ``geoattn train --model rotor`` uses): ``--n-embd``
+    is read as about 8 numbers per multivector channel, so ``channels = scalars = n_embd // 8`` (at
+    least 2); ``--n-head`` heads cycle through rotation, rotation, reflection, projection with
+    ``head_channels = channels // n_head`` (at least 2) each; ``--n-layer`` blocks. ``--set
+    model.KEY=VALUE`` overrides any of these (e.g. ``model.scalars=128`` for a wider scalar stream,
+    ``model.head_types='["rotation", "projection"]'``); a task fixes the input/output shapes.
+
     Fields:
-        algebra: ``"cl3"`` (Cl(3), O(3)-equivariant; centre positions first) or ``"pga"`` (Cl(3,0,1), E(3)).
-        in_channels, in_scalars: multivector / scalar inputs per token.
-        out_channels, out_scalars: multivector / scalar outputs per token.
-        channels, scalars: model width in multivector and scalar channels.
-        n_layer: blocks. head_types: one ``HEAD_TYPES`` entry per head (their count is the head count).
-        head_channels: multivector channels per head. mlp_ratio: MLP hidden width / channels.
-        inverse: key → query rotors in rotation heads.
-        norm: ``"joint"`` (one invariant norm over all grades, GATr's; keeps the grades' relative sizes,
-            e.g. |position| against the scalar channels) or ``"per_grade"`` (each grade on its own).
+        algebra: "cl3" (Cl(3), O(3); the task centres positions) or "pga" (Cl(3,0,1), 16 blades, GATr's).
+        in_channels: multivector inputs per token (fixed by the task).
+        in_scalars: invariant scalar inputs per token (fixed by the task).
+        out_channels: multivector outputs per token (fixed by the task).
+        out_scalars: invariant scalar outputs per token (fixed by the task).
+        channels: multivector channels of the model (from --n-embd: n_embd // 8, at least 2).
+        scalars: invariant scalar channels beside them (from --n-embd: n_embd // 8; 0: none).
+        n_layer: blocks (from --n-layer).
+        head_types: one of rotation, reflection, projection, frame per head (from --n-head, cycled).
+        head_channels: multivector channels per head in q, k and v (from --n-head: channels // n_head).
+        mlp_ratio: hidden multivector channels of each block's geometric MLP / channels.
+        inverse: rotation heads use key → query rotors (default query → key).
+        norm: "joint" (one invariant norm over all grades, GATr's) or "per_grade" (each grade alone).
+
+    ``norm="joint"`` keeps the grades' relative sizes (e.g. |position| against the scalar channels);
+    ``"per_grade"`` hides every grade's size from the next layer.
     """
 
     algebra: str = "cl3"
