@@ -4,4 +4,5 @@ BENCHMARKS = {
     "algebra": "geoattn.bench.algebra",
     "attention": "geoattn.bench.attention",
     "rotor": "geoattn.bench.rotor",
+    "molecule": "geoattn.bench.molecule",
 }

@@ -1,0 +1,359 @@
+"""molecule: the RotorTransformer against MACE and SchNet on the same MD17-style file and split
+
+One molecule file (``geoattn data make molecule``, the task's settings), rMD17's split (``--n-train``
+training, ``--n-val`` validation configurations, the rest test), and for every model the same number of
+epochs (passes over the training set); each trains with its own package's training code and its
+published MD17 recipe, scaled to a CPU:
+
+* ``rotor``: ``geoattn``'s trainer on the molecule task (``MoleculeRotor``), batch 10, AdamW, the
+  energy/force MSE weights 0.01/0.99 (SchNetPack's MD17 recipe).
+* ``mace``: ``mace_run_train`` (mace-torch) on extended-XYZ exports of the same splits; the MACE paper's
+  rMD17 recipe (r_max 5 Å, 2 interactions, correlation 3, batch 5, lr 0.01, AMSGrad, EMA, energy/force
+  weights 1/1000) with fewer channels (``--mace-channels``, max_L 1) and no second (SWA) stage.
+* ``schnet``: SchNetPack 2.0's ``AtomisticTask`` + PyTorch Lightning on an ASE database of the same
+  frames with our split file; SchNetPack's MD17 experiment (cut-off 5 Å, 20 Gaussians, AdamW lr 1e-3,
+  batch 10, weights 0.01/0.99, ReduceLROnPlateau) with a smaller SchNet (``--schnet-width``,
+  ``--schnet-interactions``; published: 128 wide, 6 interactions).
+
+Every model is then evaluated here on the full validation and test splits with the same code
+(energy MAE meV, force MAE meV/Å over components). Wall times are each training's own (its per-epoch
+validation included), on one thread by default (``--threads``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import typing
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from geoattn.errors import ConfigError
+from geoattn.formatting import format_table
+from geoattn.tasks.molecule.data import require
+from geoattn.tasks.molecule.task import MoleculeConfig, MoleculeTask, mae_metrics
+
+MODELS = ("rotor", "mace", "schnet")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", default="aspirin", help="molecule (see geoattn data make molecule --help)")
+    parser.add_argument("--data", default=None, help="a molecule .npz (default: the cached default file)")
+    parser.add_argument("--n-train", type=int, default=1000, help="training configurations (rMD17: 1000)")
+    parser.add_argument("--n-val", type=int, default=1000, help="validation configurations (rMD17: 1000)")
+    parser.add_argument("--epochs", type=int, default=10, help="passes over the training set, every model")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS, help="models to run")
+    parser.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads of every training")
+    parser.add_argument("--out", default="runs/bench_molecule", help="working directory (runs, exports)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every training")
+    parser.add_argument(
+        "--rotor-set",
+        nargs="*",
+        default=["n_layer=3", "n_head=4", "n_embd=128", "lr=2e-3", "weight_decay=0.0", "warmup_iters=100"],
+        help="TrainConfig fields of the rotor run (KEY=VALUE)",
+    )
+    parser.add_argument("--mace-channels", type=int, default=32, help="MACE channels (paper: 256)")
+    parser.add_argument("--schnet-width", type=int, default=64, help="SchNet n_atom_basis (published: 128)")
+    parser.add_argument(
+        "--schnet-interactions", type=int, default=3, help="SchNet interactions (published: 6)"
+    )
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    task = MoleculeTask(
+        MoleculeConfig(name=args.name, data=args.data, n_train=args.n_train, n_val=args.n_val)
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runners = {"rotor": run_rotor, "mace": run_mace, "schnet": run_schnet}
+    rows = []
+    for name in args.models:
+        print(f"[bench molecule] training {name} ...", file=sys.stderr, flush=True)
+        result = runners[name](task, out / name, args)
+        rows.append({"model": name, **result})
+        print(f"[bench molecule] {name}: {json.dumps(result)}", file=sys.stderr, flush=True)
+    t = task.trajectory
+    print(
+        f"molecule {t.name} ({len(t.atomic_numbers)} atoms), {len(task.indices['train'])} train / "
+        f"{len(task.indices['val'])} val / {len(task.indices['test'])} test frames, {args.epochs} epochs "
+        f"each, {args.threads} thread(s); MAE on the full splits"
+    )
+    header = ["model", "params", "wall (s)", "val E (meV)", "val F (meV/Å)", "test E (meV)", "test F (meV/Å)"]
+    table = [
+        [r["model"], f"{r['params']:,}", f"{r['wall_s']:.0f}"]
+        + [f"{r[f'{s}_{k}']:.1f}" for s in ("val", "test") for k in ("energy_mae_mev", "force_mae_mev")]
+        for r in rows
+    ]
+    print(format_table(header, table))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+def _split_metrics(task: MoleculeTask, predict) -> dict[str, float]:
+    """``{val,test}_{energy,force}_mae_mev`` of ``predict(x (F, N, 4) float64) -> (F, N, 4)``."""
+    out = {}
+    for split in ("val", "test"):
+        x, y = task.split(split, torch.float64)
+        for key, value in mae_metrics(predict(x), y).items():
+            out[f"{split}_{key}"] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------- rotor ----
+def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """geoattn's trainer on the task, ``epochs · n_train / batch`` steps of batch 10."""
+    from geoattn.training.config import TrainConfig, coerce
+    from geoattn.training.trainer import Trainer
+
+    fields = {}
+    for item in args.rotor_set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--rotor-set takes KEY=VALUE, got {item!r}")
+        fields[key] = coerce(key, value)
+    batch = fields.pop("batch_size", 10)
+    steps = max(1, args.epochs * len(task.indices["train"]) // batch)
+    config = TrainConfig(
+        task="molecule",
+        model="rotor",
+        data=args.data,
+        task_options={"name": task.config.name, "n_train": args.n_train, "n_val": args.n_val},
+        batch_size=batch,
+        max_iters=steps,
+        eval_interval=steps,
+        eval_iters=5,
+        log_interval=50,
+        plots=False,
+        seed=args.seed,
+        out=str(out),
+        **fields,
+    )
+    torch.manual_seed(args.seed)
+    trainer = Trainer(config, task, out, verbose=False)
+    result = trainer.train()
+    model = trainer.model
+    return {
+        "params": model.num_params(),
+        "wall_s": result["wall_s"],
+        "epochs": args.epochs,
+        **{k: result["final"][k] for k in result["final"]},
+    }
+
+
+# ----------------------------------------------------------------------------------------- mace ----
+def _atoms(task: MoleculeTask, split: str) -> list:
+    """ASE Atoms of ``split`` with the reference energy / forces under ``REF_`` keys (MACE's convention)."""
+    ase = require("ase")
+    t = task.trajectory
+    atoms = []
+    for i in task.indices[split]:
+        a = ase.Atoms(numbers=t.atomic_numbers, positions=t.positions[i])
+        a.info["REF_energy"] = float(t.energies[i])
+        a.arrays["REF_forces"] = t.forces[i].copy()
+        atoms.append(a)
+    return atoms
+
+
+def run_mace(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``mace_run_train`` on extended-XYZ exports of the three splits, then our evaluation of its model."""
+    require("mace")
+    ase_io = require("ase.io")
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split in ("train", "val", "test"):
+        files[split] = out / f"{split}.xyz"
+        ase_io.write(files[split], _atoms(task, split), format="extxyz")
+    c = args.mace_channels
+    command = [
+        *_console_script("mace_run_train"),
+        "--name=mace", f"--work_dir={out}", f"--train_file={files['train']}",
+        f"--valid_file={files['val']}", "--energy_key=REF_energy", "--forces_key=REF_forces",
+        "--E0s=average", "--model=MACE", f"--hidden_irreps={c}x0e + {c}x1o", "--max_L=1",
+        "--r_max=5.0", "--num_interactions=2", "--correlation=3", "--batch_size=5",
+        "--valid_batch_size=50", f"--max_num_epochs={args.epochs}", "--lr=0.01", "--energy_weight=1",
+        "--forces_weight=1000", "--ema", "--ema_decay=0.99", "--amsgrad", "--device=cpu",
+        "--default_dtype=float32", f"--seed={args.seed}", f"--eval_interval={args.epochs}",
+        "--error_table=TotalMAE", "--plot=False", "--save_cpu",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    start = time.perf_counter()
+    with open(out / "train.log", "w") as log:
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"mace_run_train failed (exit {done.returncode}); see {out / 'train.log'}")
+    model = torch.load(out / "mace.model", map_location="cpu", weights_only=False).float().eval()
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "wall_s": wall,
+        "epochs": args.epochs,
+        **_split_metrics(task, lambda x: _mace_predict(model, task, x)),
+    }
+
+
+def _console_script(name: str) -> list[str]:
+    """The command of an installed console script next to this interpreter (the venv's)."""
+    path = Path(sys.executable).with_name(name)
+    if not path.exists():
+        raise ConfigError(
+            f"{name} is not installed; install the 'molecules' extra: pip install 'geoattn[molecules]'"
+        )
+    return [str(path)]
+
+
+def _mace_predict(
+    model: torch.nn.Module, task: MoleculeTask, x: torch.Tensor, batch: int = 50
+) -> torch.Tensor:
+    """MACE's energies and forces ``(F, N, 4)`` for positions ``x`` through mace's own data pipeline."""
+    data = require("mace.data")
+    tools = require("mace.tools")
+    ase = require("ase")
+    z_table = tools.AtomicNumberTable([int(z) for z in model.atomic_numbers])
+    r_max = float(model.r_max)
+    numbers = task.trajectory.atomic_numbers
+    configs = [
+        data.config_from_atoms(ase.Atoms(numbers=numbers, positions=frame[:, 1:].numpy())) for frame in x
+    ]
+    graphs = [data.AtomicData.from_config(c, z_table=z_table, cutoff=r_max) for c in configs]
+    loader = tools.torch_geometric.dataloader.DataLoader(graphs, batch_size=batch, shuffle=False)
+    rows = []
+    for item in loader:
+        output = model(item.to_dict(), training=False, compute_force=True)
+        energy = output["energy"].detach().double()
+        forces = output["forces"].detach().double().view(-1, len(numbers), 3)
+        rows.append(torch.cat((energy[:, None, None].expand(-1, len(numbers), 1), forces), -1))
+    return torch.cat(rows)
+
+
+# --------------------------------------------------------------------------------------- schnet ----
+def import_schnetpack():
+    """``schnetpack`` (2.0.x), after restoring a private typing alias that torch ≥ 2.5 dropped and
+    schnetpack 2.0's data loader still imports (``torch.utils.data.dataloader.T_co``)."""
+    import torch.utils.data.dataloader as dataloader
+
+    if not hasattr(dataloader, "T_co"):
+        dataloader.T_co = typing.TypeVar("T_co", covariant=True)
+    return require("schnetpack")
+
+
+def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """SchNetPack's AtomisticTask + Lightning on an ASE database of the file, with our split."""
+    spk = import_schnetpack()
+    pl = require("pytorch_lightning")
+    torchmetrics = require("torchmetrics")
+    out.mkdir(parents=True, exist_ok=True)
+    t = task.trajectory
+    database = out / "frames.db"
+    if database.exists():
+        database.unlink()
+    ase = require("ase")
+    dataset = spk.data.ASEAtomsData.create(
+        str(database), distance_unit="Ang", property_unit_dict={"energy": "eV", "forces": "eV/Ang"}
+    )
+    dataset.add_systems(
+        [{"energy": np.array([e]), "forces": f} for e, f in zip(t.energies, t.forces)],
+        [ase.Atoms(numbers=t.atomic_numbers, positions=p) for p in t.positions],
+    )
+    split_file = out / "split.npz"
+    np.savez(
+        split_file,
+        train_idx=task.indices["train"],
+        val_idx=task.indices["val"],
+        test_idx=task.indices["test"],
+    )
+    cutoff = 5.0
+    module = spk.data.AtomsDataModule(
+        str(database),
+        batch_size=10,
+        split_file=str(split_file),
+        transforms=[
+            spk.transform.SubtractCenterOfMass(),
+            spk.transform.RemoveOffsets("energy", remove_mean=True),
+            spk.transform.ASENeighborList(cutoff=cutoff),
+            spk.transform.CastTo32(),
+        ],
+        num_workers=0,
+        pin_memory=False,
+    )
+    module.prepare_data()
+    module.setup()
+    width = args.schnet_width
+    representation = spk.representation.SchNet(
+        n_atom_basis=width,
+        n_interactions=args.schnet_interactions,
+        radial_basis=spk.nn.GaussianRBF(n_rbf=20, cutoff=cutoff),
+        cutoff_fn=spk.nn.CosineCutoff(cutoff),
+    )
+    model = spk.model.NeuralNetworkPotential(
+        representation=representation,
+        input_modules=[spk.atomistic.PairwiseDistances()],
+        output_modules=[
+            spk.atomistic.Atomwise(n_in=width, output_key="energy", aggregation_mode="sum"),
+            spk.atomistic.Forces(energy_key="energy", force_key="forces"),
+        ],
+    )
+    outputs = [
+        spk.task.ModelOutput(
+            name=key,
+            loss_fn=torch.nn.MSELoss(),
+            loss_weight=weight,
+            metrics={"mae": torchmetrics.regression.MeanAbsoluteError()},
+        )
+        for key, weight in (("energy", 0.01), ("forces", 0.99))
+    ]
+    atomistic = spk.task.AtomisticTask(
+        model=model,
+        outputs=outputs,
+        optimizer_cls=torch.optim.AdamW,
+        optimizer_args={"lr": 1e-3, "weight_decay": 0.0},
+        # SchNetPack's own ReduceLROnPlateau passes `verbose`, which torch 2.13 no longer takes; its MD17
+        # settings (smoothing 0) make it torch's scheduler
+        scheduler_cls=torch.optim.lr_scheduler.ReduceLROnPlateau,
+        scheduler_args={"mode": "min", "factor": 0.5, "patience": 75, "threshold": 0.0, "cooldown": 10},
+        scheduler_monitor="val_loss",
+    )
+    pl.seed_everything(args.seed, workers=True)
+    trainer = pl.Trainer(
+        max_epochs=args.epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        inference_mode=False,  # forces are gradients: validation needs autograd
+        default_root_dir=str(out),
+    )
+    start = time.perf_counter()
+    trainer.fit(atomistic, datamodule=module)
+    wall = time.perf_counter() - start
+    model.eval()
+    n = len(t.atomic_numbers)
+    predictions = {}
+    for split, loader in (("val", module.val_dataloader()), ("test", module.test_dataloader())):
+        rows, targets = [], []
+        for batch in loader:
+            # the model writes its outputs into the batch dict under the targets' keys: read those first
+            target_e, target_f = batch["energy"].double().clone(), batch["forces"].double().clone()
+            result = model(batch)
+            energy, forces = result["energy"].detach().double(), result["forces"].detach().double()
+            rows.append(torch.cat((energy[:, None, None].expand(-1, n, 1), forces.view(-1, n, 3)), -1))
+            targets.append(torch.cat((target_e[:, None, None].expand(-1, n, 1), target_f.view(-1, n, 3)), -1))
+        # both sides have the training mean energy removed (RemoveOffsets), so the differences are exact
+        predictions[split] = mae_metrics(torch.cat(rows), torch.cat(targets))
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "wall_s": wall,
+        "epochs": args.epochs,
+        **{f"{s}_{k}": v for s, metrics in predictions.items() for k, v in metrics.items()},
+    }
