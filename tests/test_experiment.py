@@ -89,7 +89,7 @@ def test_dry_run_lists_every_run_then_skips_finished_ones(workdir, capsys):
 
 def test_an_interrupted_run_resumes_from_its_checkpoint(workdir, monkeypatch):
     spec = load_spec("tiny")
-    first = plan(spec, workdir / "runs")[0]
+    first = plan(spec, workdir / "runs")[0]  # seed 1, first cell
     config = TrainConfig(**first.config)
     trainer = Trainer(config, get_task(config), first.out, verbose=False)
     step = trainer._step

@@ -46,10 +46,10 @@ def _status(run: RunDirectory, max_iters: int, evaluate: bool) -> tuple[str, int
 
 
 def plan(spec: ExperimentSpec, runs: Path) -> list[RunPlan]:
-    """Every (cell, seed) of ``spec`` with its run directory under ``runs`` and its status."""
+    """Every (seed, cell) of ``spec`` with its run directory under ``runs`` and its status."""
     plans = []
-    for cell in spec.cells:
-        for seed in spec.seeds:
+    for seed in spec.seeds:  # seed-major: an interrupted suite has every cell at n seeds, not some at 3
+        for cell in spec.cells:
             config = spec.config(cell, seed, runs)
             out = Path(config["out"])
             status, at = _status(RunDirectory(out), config["max_iters"], spec.evaluate)

@@ -22,6 +22,7 @@ from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LM_MODELS, LMConfig, build_lm
 from geoattn.models.rotor_lm import ROTOR_LM_DESCRIPTION, RotorLM, RotorLMConfig
 from geoattn.tasks.base import EvalRow, Task
+from geoattn.tasks.lm.analysis import key_norms_by_corruption, noisy_split_loss
 
 if TYPE_CHECKING:
     from geoattn.training.config import TrainConfig
@@ -213,10 +214,22 @@ class LMTask(Task):
         return total / n
 
     def final_metrics(self, model: TaskModel, config: TrainConfig, device: torch.device) -> dict[str, float]:
-        """``val_loss_full``: the loss over the whole validation split at the training context."""
+        """``val_loss_full``: the loss over the whole validation split at the training context (clean
+        inputs). With ``corrupt`` > 0 also ``val_loss_full_noisy`` (inputs corrupted at that rate, the
+        same corruption for every model) and the mean key norms at corrupted vs clean positions."""
         if "val" not in self.splits:
             return {}
-        return {"val_loss_full": self.split_loss(model, "val", device=device)}
+        results = {"val_loss_full": self.split_loss(model, "val", device=device)}
+        p = self.settings.corrupt
+        if p > 0:
+            val, V = self.splits["val"], self.vocab_size
+            was_training = model.training
+            model.eval()
+            noisy = noisy_split_loss(model, val, self.block_size, p, V, device=device)
+            results["val_loss_full_noisy"] = noisy
+            results.update(key_norms_by_corruption(model, val, self.block_size, p, V, device=device))
+            model.train(was_training)
+        return results
 
     def evaluation(
         self,
