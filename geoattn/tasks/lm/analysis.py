@@ -72,13 +72,16 @@ def key_norms_by_corruption(
         return {}
     captured: list[Tensor] = []
 
-    def keep_keys(module: nn.Module, inputs, output: Tensor) -> None:
-        C = output.shape[-1] // 3
-        k = output[..., C : 2 * C].float()  # (B, T, C)
-        heads = k.view(*k.shape[:2], module.n_head, C // module.n_head)
-        captured.append(heads.norm(dim=-1).mean(-1))  # (B, T)
+    def keep_keys(n_head: int):
+        def hook(linear: nn.Module, inputs, output: Tensor) -> None:
+            C = output.shape[-1] // 3
+            k = output[..., C : 2 * C].float()  # (B, T, C)
+            heads = k.view(*k.shape[:2], n_head, C // n_head)
+            captured.append(heads.norm(dim=-1).mean(-1))  # (B, T)
 
-    handles = [layer.c_attn.register_forward_hook(keep_keys) for layer in layers]
+        return hook
+
+    handles = [layer.c_attn.register_forward_hook(keep_keys(layer.n_head)) for layer in layers]
     generator = torch.Generator().manual_seed(seed)
     n = min(n_windows, (len(data) - 1) // context)
     rows = torch.arange(n)
