@@ -68,7 +68,11 @@ def test_the_pga_rotor_model_trains_and_evaluates(gatr_dir, tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", "--out", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "e3_generalization_mse" in table and "equivariance_error" in table
+    rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in table.splitlines()[3:]}
+    assert rows["e3_generalization_mse"] == "all 8 e3_generalization samples"
+    assert rows["eval_free_motion_mse"] == rows["eval_static_mse"] == "all 12 eval samples"
+    assert rows["val_mse"] == "1 batches of 8"  # a batch estimate, said so
+    assert rows["equivariance_error"].startswith("first 12 eval samples")
     assert summary["final"]["equivariance_error"] < 1e-3  # float32
 
 
@@ -90,3 +94,19 @@ def test_list_settings_explains_every_task_and_model_key(model, capsys):
         assert "n_embd // 8" in keys["model.channels"] and "n_embd // 8" in keys["model.scalars"]
         assert "--n-head" in keys["model.head_types"] and "--n-layer" in keys["model.n_layer"]
     assert "first N" in keys["task.train_size"]
+
+
+def test_gatrs_budget_command_runs_on_files_written_by_save_gatr_format(gatr_dir, tmp_path, capsys):
+    """The issue's command (GATr's batch, lr and exponential decay to lr/100), fewer steps and tiny sets."""
+    out = tmp_path / "run"
+    flags = "--model rotor --batch-size 64 --lr-schedule exponential --lr 3e-4 --max-iters 3"
+    argv = ["train", "--task", "nbody", "--data", str(gatr_dir), "--out", str(out), *flags.split()]
+    assert main([*argv, *"--eval-interval 3 --eval-iters 1 --warmup-iters 0 --no-plots".split()]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["lr"] == pytest.approx(3e-4 * 0.01 ** (2 / 3))  # the last step: 2/3 of the way to lr/100
+    assert set(summary["final"]) == {
+        "eval_mse", "e3_generalization_mse", "object_generalization_mse", "equivariance_error"
+    }  # fmt: skip
+    capsys.readouterr()
+    assert main(["eval", "--out", str(out)]) == 0
+    assert "object_generalization_mse" in capsys.readouterr().out

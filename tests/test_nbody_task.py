@@ -468,6 +468,18 @@ def test_evaluate_sets_and_a_short_training_run(task):
     assert task.metrics(prediction, y)["mse"] == pytest.approx(float(loss))
 
 
+def test_baselines_are_the_static_and_free_motion_predictions(task):
+    for name in ("eval", "object_generalization"):
+        data, baselines = task.dataset(name), task.baselines(name)
+        static = (data.x_final - data.x_initial).square().mean()
+        free = (data.x_final - data.x_initial - 0.1 * data.v_initial).square().mean()
+        assert baselines == {
+            "static_mse": pytest.approx(float(static)),
+            "free_motion_mse": pytest.approx(float(free)),
+        }
+        assert baselines["free_motion_mse"] < 0.6 * baselines["static_mse"]  # velocities carry most of it
+
+
 def test_random_orthogonal_mixes_rotations_and_reflections():
     q = random_orthogonal(200, torch.Generator().manual_seed(0))
     torch.testing.assert_close(q @ q.transpose(1, 2), torch.eye(3, dtype=q.dtype).expand(200, 3, 3))

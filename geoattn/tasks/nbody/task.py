@@ -5,6 +5,7 @@ equivariance error)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -16,7 +17,7 @@ from geoattn.errors import DataError
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LMConfig
 from geoattn.models.rotor_transformer import RotorTransformerConfig
-from geoattn.tasks.base import Task
+from geoattn.tasks.base import EvalRow, Task
 from geoattn.tasks.nbody.models import NBodyRotor, NBodyTransformer, centroid
 from geoattn.tasks.nbody.simulator import (
     SETS,
@@ -34,6 +35,10 @@ from geoattn.tasks.nbody.simulator import (
 
 if TYPE_CHECKING:
     from geoattn.training.config import TrainConfig
+
+# the sets measured at the end of training (full sets), and the samples of the equivariance error
+EVAL_SETS = ("eval", "e3_generalization", "object_generalization")
+EQUIVARIANCE_SAMPLES = 256
 
 # the rotor model's inputs and outputs: mass as a scalar; centred position, velocity, relative velocity
 # as vectors in; the displacement as one vector out
@@ -153,17 +158,50 @@ class NBodyTask(Task):
         """MSE on the whole eval, E(3)- and object-generalisation sets; the equivariance error."""
         return self.evaluate_sets(model)
 
+    def baselines(self, split: str = "eval") -> dict[str, float]:
+        """MSE of two predictions without learning on the whole set ``split``: ``static`` (nothing
+        moves) and ``free_motion`` (``x + time · v``, no gravity; ``time`` = ``task.time``)."""
+        data = self.dataset(split)
+        free = data.x_initial + self.config.time * data.v_initial
+        return {
+            "static_mse": float(F.mse_loss(data.x_initial, data.x_final)),
+            "free_motion_mse": float(F.mse_loss(free, data.x_final)),
+        }
+
+    def evaluation(
+        self,
+        model: TaskModel,
+        config: TrainConfig,
+        device: torch.device,
+        sampled: Callable[[], dict[str, float]],
+    ) -> list[EvalRow]:
+        """``geoattn eval``: the trainer's batch estimates, the model's MSE on every sample of the eval,
+        E(3) and object sets with the two baselines beside each, and the equivariance error."""
+        over = f"{config.eval_iters} batches of {config.batch_size}"
+        rows = [EvalRow(k, v, over) for k, v in sampled().items()]
+        results = self.evaluate_sets(model)
+        for name in EVAL_SETS:
+            where = f"all {len(self.dataset(name)):,} {name} samples"
+            rows.append(EvalRow(f"{name}_mse", results[f"{name}_mse"], where))
+            rows += [EvalRow(f"{name}_{k}", v, where) for k, v in self.baselines(name).items()]
+        count = min(EQUIVARIANCE_SAMPLES, len(self.dataset("eval")))
+        where = f"first {count} eval samples, one random O(3) motion + translation each"
+        rows.append(EvalRow("equivariance_error", results["equivariance_error"], where))
+        return rows
+
     @torch.no_grad()
-    def evaluate_sets(self, model: nn.Module, *, batch_size: int = 256, seed: int = 0) -> dict[str, float]:
+    def evaluate_sets(
+        self, model: nn.Module, *, batch_size: int = EQUIVARIANCE_SAMPLES, seed: int = 0
+    ) -> dict[str, float]:
         """MSE on ``eval``, ``e3_generalization``, ``object_generalization`` and the equivariance error.
 
         Every set runs in batches of its own number of bodies (no padding). The equivariance error is
-        :func:`equivariance_error` on the eval set with a random rotation or reflection and a
-        translation (std ``shift_std``) drawn from ``seed``.
+        :func:`equivariance_error` on the first ``batch_size`` samples of the eval set, each with a
+        random rotation or reflection and a translation (std ``shift_std``) drawn from ``seed``.
         """
         parameter = next(model.parameters())
         results = {}
-        for name in ("eval", "e3_generalization", "object_generalization"):
+        for name in EVAL_SETS:
             data, total = self.dataset(name), 0.0
             for start in range(0, len(data), batch_size):
                 batch = data.subset(torch.arange(start, min(start + batch_size, len(data))))
