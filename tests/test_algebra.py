@@ -517,3 +517,36 @@ def test_compiled_kernels_match_gather_values_and_gradients(monkeypatch):
     assert {"geometric", "geometric.grad_a", "geometric.grad_b", "geometric.grad_a.grad_b"} <= set(
         fast._products._compiled
     )  # the compiled path really ran, second derivative included
+
+
+def test_many_algebras_and_widths_in_one_process(monkeypatch):
+    """Issue #12: models of several widths and algebras built in one process. Every large product
+    (≥ COMPILE_MIN_ROWS rows, forward and backward) goes through torch.compile'd per-blade kernels;
+    one function shared by all tables was recompiled per table and failed at dynamo's recompile
+    limit (8) on the third algebra. Here the limit is 1: any recompile (per width, per algebra
+    instance, per table) makes a product give up its kernel and fails the test; the "eager" backend
+    keeps dynamo's tracing and caching without code generation. Small algebras keep the tracing
+    quick (15 kernels here; Cl(3,0,1) and Cl(4) differ only in the size of their tables)."""
+    from geoattn.algebra import kernels
+
+    monkeypatch.setattr(kernels, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(kernels, "_SHARED", {})  # fresh kernels, compiled with the backend above
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    rows = kernels.COMPILE_MIN_ROWS
+    runs = 0
+    for sig in [(1, 0, 0), (2, 0, 0), (1, 1, 0), (1, 0, 1), (3, 0, 0), (2, 0, 0)]:
+        for width, dtype in ((1, torch.float32), (3, torch.float32)):
+            fast, slow = CliffordAlgebra(*sig), CliffordAlgebra(*sig, compile=False)
+            a, b = rand(runs, width, rows, fast.dim).to(dtype), rand(runs + 1, rows, fast.dim).to(dtype)
+            results = []
+            for alg in (fast, slow):
+                a_, b_ = a.clone().requires_grad_(), b.clone().requires_grad_()
+                out = alg.geometric_product(a_, b_)  # (width, rows, dim)
+                results.append((out, *torch.autograd.grad(out.square().sum(), (a_, b_))))
+            for x, y in zip(*results):  # float32: the two forms sum in different orders
+                torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-4 if dtype == torch.float32 else 1e-12)
+            runs += 1
+    assert len(kernels._SHARED) == 5  # one set of kernels per signature, shared by its instances
+    for products in kernels._SHARED.values():
+        assert {"geometric", "geometric.grad_a", "geometric.grad_b"} <= set(products._compiled)
+        assert all(kernel is not None for kernel in products._compiled.values())  # none gave up

@@ -71,7 +71,7 @@ class CliffordAlgebra:
         g = t.grades
         twisted = tuple((i, j, k, -s if g[i] & g[j] & 1 else s) for i, j, k, s in self.cayley_sparse)
         self._entries = {**t.products, "twisted": twisted}
-        self._products = kernels.CompiledProducts(self._entries, self.dim, f"cl{p}{q}{r}")
+        self._products = kernels.products_for(self._entries, self.dim, f"cl{p}{q}{r}")
         self._masters = self._build_masters()
         self.compile = compile
 
@@ -243,10 +243,7 @@ class CliffordAlgebra:
                 return self._products.plain(table)(a, b)
         elif per_blade and self.compile and not self._products.compile_failed:
             if math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])) >= kernels.COMPILE_MIN_ROWS:
-                try:
-                    return kernels.CompiledBilinear.apply(a, b, self._products, table)
-                except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. no C++ compiler here
-                    self._products.disable(err)
+                return kernels.CompiledBilinear.apply(a, b, self._products, table)
         t = self._table(a.device, a.dtype)
         return kernels.gather_product(a, b, t["partner"], t[table])
 

@@ -30,6 +30,9 @@ COMPILE_MIN_ROWS = 32768
 # compilation itself takes minutes; such algebras stay on the gather form unless the caller
 # compiles their own model (which traces the per-blade expression).
 COMPILE_MAX_DIM = 16
+# torch.compile backend of the large-batch kernels (tests use "eager": dynamo's tracing and caching
+# without code generation)
+COMPILE_BACKEND = "inductor"
 
 
 def gather_product(a: Tensor, b: Tensor, partner: Tensor, signs: Tensor) -> Tensor:
@@ -42,8 +45,13 @@ def gather_product(a: Tensor, b: Tensor, partner: Tensor, signs: Tensor) -> Tens
 
 
 def per_blade_source(entries: Entries, dim: int, name: str) -> str:
-    """Python source of ``name(a, b)``: component-major ``(dim, M)`` × ``(dim, M)`` → ``(dim, M)``."""
-    lines = [f"def {name}(a, b):"]
+    """Python source of ``name(a, b)``: ``(..., dim)`` × ``(..., dim)`` (broadcasting) → ``(..., dim)``.
+
+    The body works component-major (``(dim, M)``: each blade a contiguous row); the function
+    transposes the user's batch-major tensors in and out.
+    """
+    lines = [f"def {name}(a, b):", "    a, b = torch.broadcast_tensors(a, b)", "    shape = a.shape"]
+    lines += [f"    a, b = a.reshape(-1, {dim}).T, b.reshape(-1, {dim}).T  # (dim, M)"]
     used_a = sorted({i for i, _, _, _ in entries})
     used_b = sorted({j for _, j, _, _ in entries})
     lines += [f"    a{i} = a[{i}]" for i in used_a] + [f"    b{j} = b[{j}]" for j in used_b]
@@ -51,24 +59,21 @@ def per_blade_source(entries: Entries, dim: int, name: str) -> str:
     for k in range(dim):
         terms = [f"{'+' if s > 0 else '-'} a{i} * b{j}" for i, j, kk, s in entries if kk == k]
         outputs.append(" ".join(terms).removeprefix("+ ") or "torch.zeros_like(a[0] * b[0])")
-    lines.append(f"    return torch.stack([{', '.join(outputs)}])")
+    lines.append(f"    out = torch.stack([{', '.join(outputs)}])")
+    lines.append("    return out.T.contiguous().view(shape)  # compiled: a transposing store in the kernel")
     return "\n".join(lines)
 
 
 def make_per_blade_product(entries: Entries, dim: int, name: str) -> Callable[[Tensor, Tensor], Tensor]:
-    """The generated per-blade product wrapped for the user's layout: ``(..., dim)`` × ``(..., dim)``
-    (broadcasting) → ``(..., dim)``, transposing to component-major and back."""
+    """The generated per-blade product: ``(..., dim)`` × ``(..., dim)`` (broadcasting) → ``(..., dim)``.
+
+    Each call compiles new source, so every product has its own code object: torch.compile keeps
+    its compiled graphs per code object, and one function shared by many tables would be recompiled
+    for each (and fail at dynamo's recompile limit, 8).
+    """
     namespace = {"torch": torch}
     exec(compile(per_blade_source(entries, dim, name), f"<geoattn.algebra {name}>", "exec"), namespace)
-    per_blade = namespace[name]
-
-    def product(a: Tensor, b: Tensor) -> Tensor:
-        a, b = torch.broadcast_tensors(a, b)
-        out = per_blade(a.reshape(-1, dim).T, b.reshape(-1, dim).T)  # (dim, M)
-        return out.T.contiguous().view(a.shape)  # compiled: a transposing store fused into the kernel
-
-    product.__name__ = product.__qualname__ = name
-    return product
+    return namespace[name]
 
 
 def gradient_tables(entries: Entries) -> tuple[Entries, Entries]:
@@ -78,18 +83,19 @@ def gradient_tables(entries: Entries) -> tuple[Entries, Entries]:
 
 
 class CompiledProducts:
-    """Per-blade products of one algebra, plain and under ``torch.compile``, built on first use.
+    """Per-blade products of one signature, plain and under ``torch.compile``, built on first use.
 
     Besides the named ``tables``, ``name + ".grad_a"`` / ``".grad_b"`` (recursively) are the
     gradient tables of ``name``, so the compiled path's backward is two more compiled per-blade
-    kernels (see `CompiledBilinear`).
+    kernels (see `CompiledBilinear`). Algebras of one signature share one instance
+    (:func:`products_for`), so building many models compiles each product once.
     """
 
     def __init__(self, tables: dict[str, Entries], dim: int, tag: str):
         self._tables = dict(tables)
         self._dim, self._tag = dim, tag
         self._plain: dict[str, Callable] = {}
-        self._compiled: dict[str, Callable] = {}
+        self._compiled: dict[str, Callable | None] = {}
         self.compile_failed = False
         if dim <= COMPILE_MAX_DIM:  # eagerly: torch.compile cannot trace the code generation
             for name in tables:
@@ -113,12 +119,43 @@ class CompiledProducts:
         if self.compile_failed:
             return None
         if table not in self._compiled:
-            self._compiled[table] = torch.compile(self.plain(table), dynamic=True, fullgraph=True)
+            self._compiled[table] = torch.compile(
+                self.plain(table), backend=COMPILE_BACKEND, dynamic=True, fullgraph=True
+            )
         return self._compiled[table]
 
+    def run(self, table: str, a: Tensor, b: Tensor) -> Tensor:
+        """``a ∘ b`` through the compiled kernel where it is available, else the plain per-blade one."""
+        kernel = self.compiled(table)
+        if kernel is not None:
+            try:
+                return kernel(a, b)
+            except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. no C++ compiler here
+                self.disable(err)
+            except torch._dynamo.exc.FailOnRecompileLimitHit as err:
+                self.give_up(table, err)
+        return self.plain(table)(a, b)
+
     def disable(self, err: Exception) -> None:
-        warnings.warn(f"torch.compile unavailable ({err!r}): geoattn.algebra stays eager", stacklevel=3)
+        """No compiler here (e.g. no C++ toolchain): every product of this signature stays eager."""
+        warnings.warn(f"torch.compile unavailable ({err!r}): geoattn.algebra stays eager", stacklevel=4)
         self.compile_failed = True
+
+    def give_up(self, table: str, err: Exception) -> None:
+        """One product hit a torch.compile limit (e.g. the recompile limit, after many dtypes and
+        devices): that product stays eager from now on, the others keep their kernels."""
+        warnings.warn(f"{table} of {self._tag} stays eager: {type(err).__name__}", stacklevel=4)
+        self._compiled[table] = None
+
+
+_SHARED: dict[str, CompiledProducts] = {}
+
+
+def products_for(tables: dict[str, Entries], dim: int, tag: str) -> CompiledProducts:
+    """The one :class:`CompiledProducts` of the signature ``tag`` (its ``tables`` are the signature's)."""
+    if tag not in _SHARED:
+        _SHARED[tag] = CompiledProducts(tables, dim, tag)
+    return _SHARED[tag]
 
 
 class CompiledBilinear(torch.autograd.Function):
@@ -132,10 +169,12 @@ class CompiledBilinear(torch.autograd.Function):
     def forward(ctx, a: Tensor, b: Tensor, products: CompiledProducts, table: str) -> Tensor:
         ctx.save_for_backward(a, b)
         ctx.products, ctx.table = products, table
-        # always (M, dim): one compiled signature whatever the rank (a broadcast operand is copied)
+        # always contiguous (M, dim), detached and no view (detach last: dynamo guards on a view's
+        # base): one compiled graph per dtype and device whatever the rank, strides or requires_grad
+        # of the operands (a broadcast operand is copied)
         shape = torch.broadcast_shapes(a.shape, b.shape)
-        flat_a, flat_b = (x.expand(shape).reshape(-1, shape[-1]) for x in (a, b))
-        return products.compiled(table)(flat_a, flat_b).view(shape)
+        flat_a, flat_b = (x.expand(shape).reshape(-1, shape[-1]).contiguous().detach() for x in (a, b))
+        return products.run(table, flat_a, flat_b).view(shape)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
