@@ -31,7 +31,7 @@ class RunPlan:
     seed: int
     out: Path
     config: dict[str, Any]  # TrainConfig fields
-    status: str  # "done" | "resume" | "new"
+    status: str  # "done" | "evaluate" | "resume" | "new"
     at_iter: int = 0  # the checkpoint's iteration when resuming
 
 
@@ -40,6 +40,7 @@ def _status(run: RunDirectory, max_iters: int, evaluate: bool) -> tuple[str, int
     if summary.get("iter") == max_iters and not summary.get("interrupted"):
         if not evaluate or run.file(RunDirectory.EVALUATION).exists():
             return "done", max_iters
+        return "evaluate", max_iters  # trained (e.g. by another experiment), not yet evaluated
     if run.has_checkpoint():
         return "resume", int(run.load_trainer_state()["iter"])
     return "new", 0
@@ -117,9 +118,11 @@ def execute(
     total = len(todo)
     if jobs <= 1:
         for index, p in enumerate(todo, 1):
-            begin = f"resuming at iter {p.at_iter}" if p.status == "resume" else "starting"
+            begin = {"resume": f"resuming at iter {p.at_iter}", "evaluate": "evaluating"}.get(
+                p.status, "starting"
+            )
             print_line(_line(index, total, p, begin))
-            summary = run_one(p.config, p.status == "resume", spec.evaluate)
+            summary = run_one(p.config, p.status != "new", spec.evaluate)
             if summary.get("interrupted"):
                 print_line(
                     _line(index, total, p, f"interrupted at iter {summary['iter']} (checkpoint saved)")
@@ -133,7 +136,7 @@ def execute(
     try:
         futures = {}
         for index, p in enumerate(todo, 1):
-            futures[pool.submit(run_one, p.config, p.status == "resume", spec.evaluate, threads)] = (index, p)
+            futures[pool.submit(run_one, p.config, p.status != "new", spec.evaluate, threads)] = (index, p)
         for future in as_completed(futures):
             index, p = futures[future]
             summary = future.result()
