@@ -21,6 +21,7 @@ TASKS = {
     "filter": "geoattn.tasks.filter.task:FilterTask",
     "nbody": "geoattn.tasks.nbody.task:NBodyTask",
     "molecule": "geoattn.tasks.molecule.task:MoleculeTask",
+    "pointcloud": "geoattn.tasks.pointcloud.task:PointCloudTask",
 }
 
 

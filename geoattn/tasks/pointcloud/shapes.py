@@ -1,0 +1,161 @@
+"""Parametric 3D shapes for the ``pointcloud`` task: ten classes, random shape parameters, non-uniform
+sampling, noise; generated here from seeds.
+
+Each class is a surface (or a tube around a curve) ``S(u, v; params)`` with ``(u, v) ∈ [0, 1]²`` and
+random parameters per sample. Points are drawn with ``u = U^γ₁``, ``v = U^γ₂`` for exponents γ drawn per
+cloud from ``[1/γ_max, γ_max]`` (and the parametrisations are not area-preserving), so the density over
+the surface varies from cloud to cloud; then Gaussian noise. Every cloud is centred and scaled to unit
+maximum radius, in the class's canonical pose (symmetry axis along z): "aligned" data.
+
+Shapes are ``(P, 3)`` float64 tensors; everything draws from a ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+TWO_PI = 2 * math.pi
+
+
+def _uniform(generator: torch.Generator, low: float, high: float) -> float:
+    return low + (high - low) * float(torch.rand((), generator=generator, dtype=torch.float64))
+
+
+def _tube(center: Tensor, tangent: Tensor, radius: float, v: Tensor) -> Tensor:
+    """Points at angle ``2πv`` on circles of ``radius`` round a curve (``center``, ``tangent``: (P, 3))."""
+    reference = torch.tensor([0.36, 0.48, 0.8], dtype=center.dtype).expand_as(tangent)
+    n1 = torch.linalg.cross(tangent, reference)
+    n1 = n1 / n1.norm(dim=-1, keepdim=True).clamp_min(1e-9)
+    n2 = torch.linalg.cross(tangent / tangent.norm(dim=-1, keepdim=True).clamp_min(1e-9), n1)
+    angle = TWO_PI * v[:, None]
+    return center + radius * (torch.cos(angle) * n1 + torch.sin(angle) * n2)
+
+
+def ellipsoid(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    a, b, c = (_uniform(g, 0.5, 1.0) for _ in range(3))
+    theta, phi = math.pi * u, TWO_PI * v
+    return torch.stack((a * torch.sin(theta) * torch.cos(phi), b * torch.sin(theta) * torch.sin(phi),
+                        c * torch.cos(theta)), -1)  # fmt: skip
+
+
+def torus(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    big, small = _uniform(g, 0.6, 1.0), _uniform(g, 0.15, 0.35)
+    ring = big + small * torch.cos(TWO_PI * v)
+    return torch.stack((ring * torch.cos(TWO_PI * u), ring * torch.sin(TWO_PI * u),
+                        small * torch.sin(TWO_PI * v)), -1)  # fmt: skip
+
+
+def cylinder(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    radius, height = _uniform(g, 0.3, 0.6), _uniform(g, 1.0, 2.0)
+    return torch.stack(
+        (radius * torch.cos(TWO_PI * u), radius * torch.sin(TWO_PI * u), height * (v - 0.5)), -1
+    )
+
+
+def cone(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    radius, height = _uniform(g, 0.4, 0.8), _uniform(g, 0.8, 1.6)
+    r = radius * (1 - v)
+    return torch.stack((r * torch.cos(TWO_PI * u), r * torch.sin(TWO_PI * u), height * (v - 0.5)), -1)
+
+
+def box(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    """The surface of a box: a face per point (by area), ``(u, v)`` on that face."""
+    half = torch.tensor([_uniform(g, 0.3, 1.0) for _ in range(3)], dtype=torch.float64)
+    areas = torch.stack([half[1] * half[2], half[0] * half[2], half[0] * half[1]]).repeat(2)
+    face = torch.multinomial(areas, u.shape[0], replacement=True, generator=g)  # (P,) in 0..5
+    axis, sign = face % 3, torch.where(face < 3, 1.0, -1.0).to(torch.float64)
+    points = torch.empty(u.shape[0], 3, dtype=torch.float64)
+    for k in range(3):
+        a, b = (k + 1) % 3, (k + 2) % 3
+        on = axis == k
+        points[on, k] = sign[on] * half[k]
+        points[on, a] = (2 * u[on] - 1) * half[a]
+        points[on, b] = (2 * v[on] - 1) * half[b]
+    return points
+
+
+def helix(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    turns, radius, height = _uniform(g, 2.0, 4.0), _uniform(g, 0.4, 0.8), _uniform(g, 1.0, 2.0)
+    tube = _uniform(g, 0.05, 0.12)
+    hand = 1.0 if _uniform(g, 0, 1) < 0.5 else -1.0  # either handedness: the class is not chiral
+    t = TWO_PI * turns * u
+    center = torch.stack((radius * torch.cos(t), hand * radius * torch.sin(t), height * (u - 0.5)), -1)
+    tangent = torch.stack((-radius * torch.sin(t), hand * radius * torch.cos(t),
+                           torch.full_like(t, height / (TWO_PI * turns))), -1)  # fmt: skip
+    return _tube(center, tangent, tube, v)
+
+
+def mobius(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    width = _uniform(g, 0.3, 0.6)
+    t, w = TWO_PI * u, width * (2 * v - 1)
+    ring = 1 + w / 2 * torch.cos(t / 2)
+    return torch.stack((ring * torch.cos(t), ring * torch.sin(t), w / 2 * torch.sin(t / 2)), -1)
+
+
+def saddle(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    curvature = _uniform(g, 0.4, 0.9)
+    x, y = 2 * u - 1, 2 * v - 1
+    return torch.stack((x, y, curvature * (x * x - y * y)), -1)
+
+
+def trefoil(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    tube = _uniform(g, 0.1, 0.25)
+    t = TWO_PI * u
+    center = torch.stack((torch.sin(t) + 2 * torch.sin(2 * t), torch.cos(t) - 2 * torch.cos(2 * t),
+                          -torch.sin(3 * t)), -1)  # fmt: skip
+    tangent = torch.stack((torch.cos(t) + 4 * torch.cos(2 * t), -torch.sin(t) + 4 * torch.sin(2 * t),
+                           -3 * torch.cos(3 * t)), -1)  # fmt: skip
+    return _tube(center, tangent, tube, v)
+
+
+def dumbbell(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    """Two spheres on the z axis (the first half of the points on one, the rest on the other)."""
+    radius, gap = _uniform(g, 0.3, 0.5), _uniform(g, 0.8, 1.4)
+    theta, phi = math.pi * u, TWO_PI * v
+    side = torch.where(torch.arange(u.shape[0]) % 2 == 0, 1.0, -1.0).to(torch.float64)
+    ring = radius * torch.sin(theta)
+    return torch.stack(
+        (ring * torch.cos(phi), ring * torch.sin(phi), radius * torch.cos(theta) + side * gap / 2), -1
+    )
+
+
+SHAPES: dict[str, Callable[[Tensor, Tensor, torch.Generator], Tensor]] = {
+    "ellipsoid": ellipsoid,
+    "torus": torus,
+    "cylinder": cylinder,
+    "cone": cone,
+    "box": box,
+    "helix": helix,
+    "mobius": mobius,
+    "saddle": saddle,
+    "trefoil": trefoil,
+    "dumbbell": dumbbell,
+}
+CLASSES = tuple(SHAPES)
+
+
+def sample_shape(
+    label: int, n_points: int, generator: torch.Generator, *, noise: float = 0.02, skew: float = 2.0
+) -> Tensor:
+    """One aligned cloud ``(n_points, 3)`` of class ``CLASSES[label]`` (see the module docstring).
+
+    ``skew`` = γ_max ≥ 1 (1: parameters uniform); ``noise``: Gaussian std after scaling to unit radius.
+    """
+    gammas = [math.exp(_uniform(generator, -math.log(skew), math.log(skew))) for _ in range(2)]
+    u = torch.rand(n_points, generator=generator, dtype=torch.float64) ** gammas[0]
+    v = torch.rand(n_points, generator=generator, dtype=torch.float64) ** gammas[1]
+    points = SHAPES[CLASSES[label]](u, v, generator)
+    points = points - points.mean(0)
+    points = points / points.norm(dim=-1).max()
+    return points + noise * torch.randn(points.shape, generator=generator, dtype=torch.float64)
+
+
+def sample_clouds(
+    labels: Tensor, n_points: int, generator: torch.Generator, *, noise: float = 0.02, skew: float = 2.0
+) -> Tensor:
+    """Aligned clouds ``(len(labels), n_points, 3)`` float64 of the given class labels."""
+    return torch.stack([sample_shape(int(k), n_points, generator, noise=noise, skew=skew) for k in labels])

@@ -1,0 +1,84 @@
+"""The pointcloud task: the shapes, the rotation protocols, the rotor model's invariant logits, and a
+short training run that must fit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from geoattn.errors import ConfigError
+from geoattn.models.base import ModelSizes
+from geoattn.tasks import task_class
+from geoattn.tasks.nbody.simulator import random_orthogonal
+from geoattn.tasks.pointcloud.shapes import CLASSES, sample_clouds
+from geoattn.tasks.pointcloud.task import PointCloudConfig, PointCloudTask, rotate, rotations
+
+SMALL = {"n_points": 32, "train_size": 200, "val_size": 20, "test_size": 40}
+SIZES = ModelSizes(n_layer=2, n_head=2, n_embd=32)
+
+
+def test_ten_shapes_reproducible_and_normalised():
+    assert len(CLASSES) >= 8 and task_class("pointcloud") is PointCloudTask
+    labels = torch.arange(len(CLASSES))
+    clouds = sample_clouds(labels, 64, torch.Generator().manual_seed(0))
+    again = sample_clouds(labels, 64, torch.Generator().manual_seed(0))
+    assert torch.equal(clouds, again) and clouds.shape == (len(CLASSES), 64, 3)
+    radius = clouds.norm(dim=-1).max(1).values
+    assert ((radius > 0.9) & (radius < 1.2)).all()  # unit radius plus noise
+    assert (clouds.mean(1).norm(dim=-1) < 0.1).all()
+    # two clouds of one class differ in shape parameters and in sampling density
+    pair = sample_clouds(torch.tensor([1, 1]), 64, torch.Generator().manual_seed(1))
+    assert (pair[0] - pair[1]).abs().max() > 0.1
+
+
+def test_protocol_rotations():
+    g = torch.Generator().manual_seed(0)
+    z = rotations("z", 8, g)
+    assert torch.allclose(z[:, 2], torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64).expand(8, 3))
+    so3 = rotations("so3", 8, g)
+    assert torch.allclose(torch.linalg.det(so3), torch.ones(8, dtype=torch.float64))
+    assert torch.equal(rotations("aligned", 2, g), torch.eye(3, dtype=torch.float64).expand(2, 3, 3))
+    task = PointCloudTask(PointCloudConfig(**SMALL, train_rotation="z", test_rotation="SO(3)"))
+    assert task.config.protocol == "z/SO(3)"
+    x, y = task.get_batch("train", 16, torch.Generator().manual_seed(0))
+    assert x.shape == (16, 32, 3) and x.dtype == torch.float32 and y.dtype == torch.long
+    # z rotations keep every point's height: the training clouds' z coordinates are the aligned ones'
+    clouds, labels = task.dataset("train")
+    pick = torch.randint(clouds.shape[0], (16,), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(labels[pick], y)
+    torch.testing.assert_close(x[..., 2], clouds[pick][..., 2].float())
+    with pytest.raises(ConfigError, match="train_rotation"):
+        PointCloudConfig(train_rotation="x")
+
+
+def test_rotor_logits_invariant_under_e3():
+    task = PointCloudTask(PointCloudConfig(**SMALL))
+    torch.manual_seed(0)
+    model = task._build("rotor", SIZES, {}).double().eval()
+    x, _ = task.evaluation_set("val")
+    x = x[:8]
+    g = torch.Generator().manual_seed(2)
+    q = random_orthogonal(8, g)  # rotations, half with a reflection
+    moved = rotate(x, q) + 3.0 * torch.randn(8, 1, 3, generator=g, dtype=torch.float64)
+    logits, _ = model(x)
+    assert (model(moved)[0] - logits).abs().max() <= 1e-8
+    assert logits.std(0).max() > 1e-3  # different clouds, different logits: not a constant
+    transformer = task._build("transformer", SIZES, {}).double().eval()
+    assert (transformer(moved)[0] - transformer(x)[0]).abs().max() > 1e-3  # the baseline is not invariant
+
+
+def test_rotor_fits_a_batch():
+    """Trainability end to end: 40 AdamW steps on one batch of 32 rotated clouds: loss 2.5 → ~1.05."""
+    task = PointCloudTask(PointCloudConfig(**SMALL, train_rotation="so3"))
+    torch.manual_seed(0)
+    model = task._build("rotor", ModelSizes(n_layer=1, n_head=2, n_embd=32), {})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = task.get_batch("train", 32, torch.Generator().manual_seed(0))
+    losses = []
+    for _ in range(40):
+        _, loss = model(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.6 * losses[0], losses
