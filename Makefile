@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # CUDA build, while 2.13.0 is the CPU build available on these machines.
 TORCH  := torch==2.13.0
 
-.PHONY: run test install install-dev lint clean
+.PHONY: run test install install-dev lint docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,11 @@ install: $(VENV)/.torch
 	$(BIN)/pip install --quiet -e .
 
 install-dev: $(VENV)/.torch
-	$(BIN)/pip install --quiet $(TORCH) -e '.[dev,molecules,hf]'
+	$(BIN)/pip install --quiet $(TORCH) -e '.[dev,molecules,hf,docs]'
+
+# The documentation site (MkDocs, strict: a broken link or reference, or a public name without a
+# docstring, fails it) into site/. The variables silence the MkDocs 2 notice some plugins print.
+MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict
 
 run: install
 	$(BIN)/geoattn quickstart
@@ -29,7 +33,11 @@ lint: install-dev
 
 test: install-dev
 	$(BIN)/ruff check .
+	$(MKDOCS)
 	$(BIN)/python -m pytest -q
 
+docs: install-dev
+	$(MKDOCS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache site

@@ -1,0 +1,103 @@
+"""The generated pages of the site (run by the mkdocs-gen-files plugin at every ``mkdocs build``).
+
+Writes, into the build only (nothing is committed): the home and usage pages from README.md, the
+CLI reference from the argparse definitions, one API page per public module, the results pages from
+README.md, ``results/`` and BENCHMARKS.md, the concept figures, and the navigation (SUMMARY.md).
+A public name without a docstring is logged as a warning, which ``--strict`` turns into a failure;
+``docs/undocumented.txt`` lists the ones that predate the check (it may only shrink).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+import mkdocs_gen_files
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import site_builder as sb  # noqa: E402
+
+from geoattn.cli import build_parser  # noqa: E402
+
+log = logging.getLogger("mkdocs.plugins.geoattn")
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+LINKS = {"BENCHMARKS.md": "results/benchmarks.md"}
+
+
+def write(path: str, text: str) -> None:
+    with mkdocs_gen_files.open(path, "w") as f:
+        f.write(text)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    with mkdocs_gen_files.open(path, "wb") as f:
+        f.write(data)
+
+
+# ------------------------------------------------------------------ home, usage, CLI --------------
+write("index.md", sb.markdown_intro(README) + "\n" + sb.markdown_section(README, "Set-up: two commands"))
+usage = ["# Usage", ""]
+extras = "Hugging Face, TensorBoard, a documentation site (optional extras)"
+for heading in ("Use the layers", "Train, evaluate, sample, measure", extras):
+    usage.append(sb.markdown_section(README, heading))
+write("usage.md", sb.rewrite_links("\n".join(usage), LINKS))
+write("cli.md", sb.cli_reference(build_parser()))
+
+# ------------------------------------------------------------------ API reference ----------------
+modules = sb.public_modules("geoattn")
+nav_api = []
+for dotted in modules:
+    parts = dotted.split(".")
+    is_package = (ROOT / Path(*parts) / "__init__.py").exists()
+    page = "reference/" + "/".join(parts) + ("/index.md" if is_package else ".md")
+    write(page, f"::: {dotted}\n")
+    nav_api.append(f"{'    ' * len(parts)}* [{parts[-1]}]({page})")
+
+known = sb.read_name_list(ROOT / "docs/undocumented.txt")
+missing = sb.missing_docstrings(modules)
+for name in missing:
+    if name not in known:
+        log.warning(f"public name without a docstring: {name} (write one; see docs/about.md)")
+for name in sorted(known - set(missing)):
+    log.info(f"docs/undocumented.txt lists {name}, which is documented or gone: remove the line")
+
+# ------------------------------------------------------------------ results and benchmarks -------
+section = sb.markdown_section(README, "Results").split("\n", 1)[1]  # without its "## Results" line
+results = ["# Results", "", sb.rewrite_links(section, {"BENCHMARKS.md": "benchmarks.md"})]
+reports = sorted((ROOT / "results").glob("*.md"))
+if reports:
+    results += ["## Experiment reports (`geoattn experiment`)", ""]
+    results += [f"* [{p.stem}](experiments/{p.name})" for p in reports]
+write("results/index.md", "\n".join(results) + "\n")
+for report in reports:
+    write(f"results/experiments/{report.name}", report.read_text(encoding="utf-8"))
+for image in sorted((ROOT / "results").glob("*.png")):
+    write_bytes(f"results/experiments/{image.name}", image.read_bytes())
+write("results/benchmarks.md", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
+
+# ------------------------------------------------------------------ figures ----------------------
+with tempfile.TemporaryDirectory() as tmp:
+    for name, draw in sb.FIGURES.items():
+        write_bytes(f"concepts/figures/{name}", draw(Path(tmp) / name).read_bytes())
+
+# ------------------------------------------------------------------ navigation -------------------
+nav = [
+    "* [Home](index.md)",
+    "* [Usage](usage.md)",
+    "* Concepts",
+    "    * [RT-Filter attention](concepts/rt-filter.md)",
+    "    * [Rotors](concepts/rotors.md)",
+    "    * [Rotor head types](concepts/head-types.md)",
+    "* [Command line](cli.md)",
+    "* API reference",
+    *nav_api,
+    "* [Results](results/index.md)",
+    *[f"    * [{p.stem}](results/experiments/{p.name})" for p in reports],
+    "    * [Benchmarks](results/benchmarks.md)",
+    "* [About these docs](about.md)",
+]
+write("SUMMARY.md", "\n".join(nav) + "\n")
