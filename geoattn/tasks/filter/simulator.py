@@ -65,6 +65,8 @@ class FilterConfig:
         dt_range: observation intervals, uniform. max_step: Euler–Maruyama step of the simulator.
         val_size, eval_size: sequences in the fixed val / eval pools.
         beta: β of the closed-form RT-Filter baseline. n_particles: particle-filter size.
+        particle_sizes: further particle-filter sizes for the convergence check (baselines
+            ``particle_N``; the largest is the bound a learned model's gap is measured against).
     """
 
     dim: int = 8
@@ -84,9 +86,13 @@ class FilterConfig:
     eval_size: int = 256
     beta: float = 0.05
     n_particles: int = 1000
+    particle_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.omega = tuple(float(w) for w in self.omega)
+        self.particle_sizes = tuple(int(n) for n in self.particle_sizes)
+        if any(n < 2 for n in self.particle_sizes):
+            raise ConfigError(f"FilterConfig.particle_sizes must all be ≥ 2, got {self.particle_sizes}")
         self.m0_range = _pair("m0_range", self.m0_range)
         self.dt_range = _pair("dt_range", self.dt_range)
         if not isinstance(self.dim, int) or self.dim < 2 or self.dim % 2:

@@ -5,6 +5,8 @@ same validation pool."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -15,6 +17,7 @@ from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LM_MODELS, LMConfig
 from geoattn.models.rotor_lm import ROTOR_LM_DESCRIPTION, RotorLMConfig
 from geoattn.tasks.base import Task
+from geoattn.tasks.cache import cache_dir
 from geoattn.tasks.filter import estimators
 from geoattn.tasks.filter.models import FilterModel
 from geoattn.tasks.filter.simulator import SPLIT_SEEDS, FilterConfig, FilterSample, simulate
@@ -95,6 +98,30 @@ class FilterTask(Task):
             config = LMConfig.from_sizes(sizes, options, **fixed, causal=True)
         return FilterModel(model, self.config.dim, config)
 
+    @torch.no_grad()
+    def final_metrics(self, model: TaskModel, config: TrainConfig, device: torch.device) -> dict[str, float]:
+        """On the whole val pool: the learned model's ``angle_deg_full``, every reference estimator
+        (``baseline_*``) and the gap to the near-optimal bound in percent (``gap_to_particle_pct``:
+        against the particle filter with the most particles)."""
+        pool = self.pool("val")
+        x = torch.cat((pool.z, pool.times[..., None]), dim=-1).float().to(device)  # as get_batch
+        was_training = model.training
+        model.eval()
+        prediction, _ = model(x)
+        model.train(was_training)
+        learned = float(
+            estimators.angular_error_deg(prediction.float().cpu(), pool.directions.float()).mean()
+        )
+        baselines = self.baselines("val")
+        sizes = [self.config.n_particles, *self.config.particle_sizes]
+        largest = max(sizes)
+        bound = baselines["particle" if largest == self.config.n_particles else f"particle_{largest}"]
+        return {
+            "angle_deg_full": learned,
+            "gap_to_particle_pct": 100.0 * (learned / bound - 1.0),
+            **{f"baseline_{k}": v for k, v in baselines.items()},
+        }
+
     def metrics(self, prediction: Tensor, y: Tensor) -> dict[str, float]:
         """``angle_deg``: mean angular error (degrees) of the causal estimates."""
         return {"angle_deg": float(estimators.angular_error_deg(prediction, y).mean())}
@@ -105,22 +132,37 @@ class FilterTask(Task):
     def estimates(self, split: str = "val") -> dict[str, Tensor]:
         """Every reference estimator's causal estimates ``(B, T, D)`` on the ``split`` pool."""
         pool, c, sde = self.pool(split), self.config, self.config.sde()
-        generator = torch.Generator().manual_seed(SPLIT_SEEDS[split] + 1)
-        return {
+        estimates = {
             "rt_filter": estimators.rt_filter(pool.z, pool.times, sde, beta=c.beta),
             "uniform": estimators.uniform_transported_mean(pool.z, pool.times, sde),
             "kalman": estimators.tangent_kalman_filter(pool.z, pool.times, sde, gain_ratio=c.gain_ratio),
-            "particle": estimators.particle_filter(
-                pool.z,
-                pool.times,
-                sde,
-                m0_range=c.m0_range,
-                gain_ratio=c.gain_ratio,
-                n_particles=c.n_particles,
-                generator=generator,
-            ),
+            "particle": self.particle_estimates(split, c.n_particles),
             "raw": estimators.raw_directions(pool.z),
         }
+        for n in c.particle_sizes:
+            estimates[f"particle_{n}"] = self.particle_estimates(split, n)
+        return estimates
+
+    def particle_estimates(self, split: str, n_particles: int, *, max_elements: int = 2**23) -> Tensor:
+        """The bootstrap particle filter with ``n_particles`` on the ``split`` pool ``(B, T, D)``,
+        in chunks of sequences so that one state tensor holds at most ``max_elements`` numbers."""
+        pool, c, sde = self.pool(split), self.config, self.config.sde()
+        generator = torch.Generator().manual_seed(SPLIT_SEEDS[split] + 1)
+        chunk = max(1, max_elements // (n_particles * c.dim))
+        return torch.cat(
+            [
+                estimators.particle_filter(
+                    pool.z[i : i + chunk],
+                    pool.times[i : i + chunk],
+                    sde,
+                    m0_range=c.m0_range,
+                    gain_ratio=c.gain_ratio,
+                    n_particles=n_particles,
+                    generator=generator,
+                )
+                for i in range(0, pool.z.shape[0], chunk)
+            ]
+        )
 
     def baselines(self, split: str = "val") -> dict[str, float]:
         """``{name: mean angular error in degrees}`` of the reference estimators on the ``split`` pool.
@@ -131,9 +173,18 @@ class FilterTask(Task):
         Computed once per split and cached.
         """
         if split not in self._baselines:
-            target = self.pool(split).directions
-            self._baselines[split] = {
-                name: float(estimators.angular_error_deg(estimate, target).mean())
-                for name, estimate in self.estimates(split).items()
-            }
+            # the particle filter at 10^5 particles takes minutes: results are cached on disk, keyed
+            # by every simulator setting (the pools are drawn from fixed seeds, so they are the same)
+            key = json.dumps({"split": split, **dataclasses.asdict(self.config)}, sort_keys=True)
+            path = cache_dir() / "filter-baselines" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+            if path.is_file():
+                self._baselines[split] = json.loads(path.read_text())
+            else:
+                target = self.pool(split).directions
+                self._baselines[split] = {
+                    name: float(estimators.angular_error_deg(estimate, target).mean())
+                    for name, estimate in self.estimates(split).items()
+                }
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(self._baselines[split]))
         return dict(self._baselines[split])

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geoattn.errors import ConfigError, DataError
+from geoattn.tasks.cache import cache_dir
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,6 @@ DATASETS: dict[str, Dataset] = {
 
 class DownloadError(DataError):
     """The file could not be fetched or did not match its checksum."""
-
-
-def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/geoattn``, or ``~/.cache/geoattn`` when the variable is unset or empty."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "geoattn"
 
 
 def get_dataset(name: str) -> Dataset:
