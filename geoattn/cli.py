@@ -308,11 +308,6 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     from geoattn.tasks.molecule.cli import add_make_molecule
 
     add_make_molecule(kinds)
-    make = actions.add_parser("make", help="build a simulated dataset into the cache (molecule: MD with xTB)")
-    kinds = make.add_subparsers(dest="kind", required=True)
-    from geoattn.tasks.molecule.cli import add_make_molecule
-
-    add_make_molecule(kinds)
 
 
 def cmd_data_list(args: argparse.Namespace) -> int:
