@@ -87,6 +87,12 @@ class TrainConfig:
     eval_interval: int = _opt(250, "evaluate and checkpoint every N steps (and at the last)")
     eval_iters: int = _opt(20, "batches per split per evaluation")
     log_interval: int = _opt(1, "a metrics.jsonl line every N steps (and at every evaluation)")
+    logger: str = _opt(
+        "jsonl",
+        "where metrics go: jsonl (metrics.jsonl, always written: resume and the report read it) | "
+        "tensorboard (also event files in OUT/tensorboard/: the scalars, and the figures at each "
+        "evaluation; needs geoattn[tensorboard]); comma-separated for several: jsonl,tensorboard",
+    )
     plots: bool = _opt(True, "write PNG plots at the end", flag=False)
     # runtime
     seed: int = _opt(1337, "seed for initialisation and data")
@@ -118,6 +124,9 @@ class TrainConfig:
             raise ConfigError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
+        from geoattn.training.loggers import parse_loggers  # the loggers' module owns their names
+
+        parse_loggers(self.logger)
 
     @property
     def decay_iters(self) -> int:

@@ -10,6 +10,7 @@ Files of a run (nothing else in the directory is ever touched):
 | ``summary.json`` | at the end | the final metrics (full-set ones included), iterations, wall time |
 | ``evaluation.json`` | by ``geoattn experiment`` | the task's evaluation table (``geoattn eval``'s rows) |
 | ``*.png`` | at the end | loss curves, an attention map, the RT precision (what applies) |
+| ``tensorboard/`` | every logged step (``--logger tensorboard``) | TensorBoard event files |
 
 Every file is written to a temporary name in the same directory and moved into place with
 ``os.replace`` (atomic on POSIX), so a crash while saving leaves the previous file intact. The
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,7 @@ class RunDirectory:
     STATE = "trainer_state.pt"
     METRICS = "metrics.jsonl"
     SUMMARY = "summary.json"
+    TENSORBOARD = "tensorboard"  # a folder: TensorBoard event files (geoattn.training.loggers)
     EVALUATION = "evaluation.json"
     PLOTS = ("loss.png", "attention.png", "precision.png")
     FILES = (CONFIG, WEIGHTS, STATE, METRICS, SUMMARY, EVALUATION, *PLOTS)
@@ -119,7 +122,9 @@ class RunDirectory:
 
     def owns(self, path: Path) -> bool:
         """Whether ``path`` is one of the files a run writes."""
-        return path.name in self.FILES or (path.name.startswith("model_") and path.suffix == ".png")
+        if path.name in self.FILES or path.name == self.TENSORBOARD:
+            return True
+        return path.name.startswith("model_") and path.suffix == ".png"
 
     def clear(self) -> None:
         """Delete the run's own files (and nothing else)."""
@@ -127,6 +132,7 @@ class RunDirectory:
             self.file(name).unlink(missing_ok=True)
         for path in self.path.glob("model_*.png"):
             path.unlink()
+        shutil.rmtree(self.file(self.TENSORBOARD), ignore_errors=True)
 
     # ------------------------------------------------------------------ files --------------------
     def _atomic_write(self, name: str, write: Callable[[Path], None]) -> None:

@@ -15,7 +15,6 @@ re-seeded at every evaluation, so evaluating never moves the training stream.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import random
 import signal
@@ -38,6 +37,7 @@ from geoattn.models.base import TaskModel
 from geoattn.tasks.base import Task
 from geoattn.training.config import TrainConfig
 from geoattn.training.distributed import DistEnv, all_reduce_mean, any_rank, barrier
+from geoattn.training.loggers import RunLoggers, check_available
 from geoattn.training.run_dir import RunDirectory, summary_line
 
 EVAL_SPLITS = ("train", "val")
@@ -172,6 +172,7 @@ class Trainer:
         self._updating = False
         dtype = torch.bfloat16 if config.dtype == "bfloat16" else None
         self._autocast = torch.autocast(self.device.type, dtype=dtype) if dtype is not None else nullcontext()
+        check_available(config.logger)  # on every rank, before any of them starts
 
     # ---------------------------------------------------------------- state ----------------------
     def run_config(self) -> dict[str, Any]:
@@ -275,7 +276,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         if self.env.is_main:
             self.run.write_config(self.run_config())
-        metrics = open(self.run.metrics_path, "a") if self.env.is_main else None
+        loggers = RunLoggers(config.logger, self.run, start_iter=self.iter) if self.env.is_main else None
         handler_installed = threading.current_thread() is threading.main_thread()
         signals = (signal.SIGINT, signal.SIGTERM)
         previous = [signal.signal(s, self._request_stop) for s in signals] if handler_installed else []
@@ -306,11 +307,12 @@ class Trainer:
                 if evaluated:
                     record.update(self.evaluate())
                 # the line goes out before the checkpoint: a resume drops lines past its checkpoint
-                if metrics is not None and (self.iter % config.log_interval == 0 or evaluated):
-                    metrics.write(json.dumps(record) + "\n")
-                    metrics.flush()
+                if loggers is not None and (self.iter % config.log_interval == 0 or evaluated):
+                    loggers.log(record)
                 if evaluated:
                     self.save()
+                    if loggers is not None:
+                        loggers.evaluation(self.iter, self.model, self._plot_input())
                     if self.verbose:
                         bar.write(self._eval_line(record), file=sys.stderr)
                 bar.update(1)
@@ -320,8 +322,8 @@ class Trainer:
                     break
         finally:
             bar.close()
-            if metrics is not None:
-                metrics.close()
+            if loggers is not None:
+                loggers.close()
             for sig, handler in zip(signals, previous):
                 signal.signal(sig, handler)
         if interrupted:
@@ -335,9 +337,13 @@ class Trainer:
             self.run.write_summary(result)
         return result
 
-    def _plots(self) -> list[Path]:
+    def _plot_input(self) -> torch.Tensor:
+        """The one validation sample the attention map shows (always the same)."""
         x, _ = self.task.get_batch("val", 1, torch.Generator().manual_seed(0), self.device)
-        return self.run.plot(self.model, x)
+        return x
+
+    def _plots(self) -> list[Path]:
+        return self.run.plot(self.model, self._plot_input())
 
     def _step(self) -> dict[str, Any]:
         """One optimiser step; the metrics.jsonl record of it (no evaluation yet)."""
