@@ -110,3 +110,14 @@ def test_gatrs_budget_command_runs_on_files_written_by_save_gatr_format(gatr_dir
     capsys.readouterr()
     assert main(["eval", "--out", str(out)]) == 0
     assert "object_generalization_mse" in capsys.readouterr().out
+
+
+def test_help_names_gatrs_files_and_how_the_width_maps_onto_the_rotor_model(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "nbody: a directory of GATr's files" in text and "e3_generalization.npz" in text
+    assert "n_embd/8 multivector and n_embd/8 scalar channels" in text and "model.scalars" in text
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    assert "nbody a directory of GATr's files" in " ".join(capsys.readouterr().out.split())
