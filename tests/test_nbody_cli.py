@@ -73,6 +73,11 @@ def test_the_pga_rotor_model_trains_and_evaluates(gatr_dir, tmp_path, capsys):
     assert rows["eval_free_motion_mse"] == rows["eval_static_mse"] == "all 12 eval samples"
     assert rows["val_mse"] == "1 batches of 8"  # a batch estimate, said so
     assert rows["equivariance_error"].startswith("first 12 eval samples")
+    header = table.splitlines()[0]
+    assert f"{summary['params']:,} parameters, trained 2 iters in" in header and "evaluated in" in header
+    value = table.splitlines()[3 + list(rows).index("eval_mse")].split("|")[2].strip()
+    mantissa = value.split("e")[0].replace(".", "").lstrip("0")
+    assert len(mantissa) == 4, value  # 4 significant digits
     assert summary["final"]["equivariance_error"] < 1e-3  # float32
 
 
