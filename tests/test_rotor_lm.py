@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import random_o3_versor, tiny_lm_args
+from conftest import SHAKESPEARE, random_o3_versor, tiny_lm_args
 
 import geoattn.layers.rotor_block as rotor_block
 from geoattn.cli import main
@@ -254,6 +254,23 @@ def test_a_short_training_run_learns_and_writes_the_rotor_plot(tmp_path):
     assert summary["val_loss"] < 3.0, summary["val_loss"]
     assert {"model_rotor_positions.png", "attention.png"} <= set(summary["plots"])
     assert (tmp_path / "model_rotor_positions.png").read_bytes()[:8] == PNG
+
+
+def test_a_resumed_run_continues_exactly(tmp_path):
+    """Checkpoint and resume (dropout on, so the RNG state counts too) give the one long run's losses."""
+    text = tmp_path / "text.txt"  # a short corpus: the final full-split loss takes no time
+    text.write_text(SHAKESPEARE.read_text()[:20000])
+    flags = [*tiny_lm_args(8, 4), "--model", "rotor", "--lr-decay-iters", "8", "--dropout", "0.1"]
+    flags += ["--data", str(text)]
+    assert main(["train", *flags, "--out", str(tmp_path / "full")]) == 0
+    assert main(["train", *flags, "--max-iters", "4", "--out", str(tmp_path / "part")]) == 0
+    assert main(["train", *flags, "--out", str(tmp_path / "part"), "--resume"]) == 0
+    keys = ("iter", "train_loss", "val_loss", "lr")
+    full, part = (
+        [{k: json.loads(line)[k] for k in keys} for line in (tmp_path / run / "metrics.jsonl").open()]
+        for run in ("full", "part")
+    )
+    assert part == full
 
 
 def test_the_lm_and_filter_tasks_build_rotor_models():
