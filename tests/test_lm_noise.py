@@ -23,7 +23,8 @@ def test_corrupted_inputs_and_the_key_norms_by_corruption(tmp_path):
     changed = (x != clean_x).float().mean()
     assert 0.2 < changed < 0.35  # 30 % replaced (a replacement may draw the same id)
     torch.manual_seed(0)
-    model = build_lm("rt", LMConfig(vocab_size=task.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    config_lm = LMConfig(vocab_size=task.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=32)
+    model = build_lm("rt", config_lm)
     metrics = task.final_metrics(model, config, torch.device("cpu"))
     assert {"val_loss_full", "val_loss_full_noisy", "key_norm_ratio"} <= set(metrics)
     assert metrics["key_norm_corrupted"] > 0 and metrics["key_norm_clean"] > 0
