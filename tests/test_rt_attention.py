@@ -8,7 +8,6 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import geoattn.attention.blockwise as blockwise
@@ -92,22 +91,17 @@ def test_hand_built_case_matches_the_formula():
 
 
 class _PathSpy:
-    """Records which kernel ``auto`` ran: SDPA calls and blockwise calls."""
+    """Records which paths ``auto`` ran (the keys of ``rt._PATHS``)."""
 
     def __init__(self, monkeypatch):
-        self.sdpa = self.blockwise = 0
-        sdpa, bw = F.scaled_dot_product_attention, rt.blockwise_attention
+        self.paths = []
+        for name, fn in list(rt._PATHS.items()):
 
-        def spy_sdpa(*args, **kwargs):
-            self.sdpa += 1
-            return sdpa(*args, **kwargs)
+            def spy(*args, _name=name, _fn=fn):
+                self.paths.append(_name)
+                return _fn(*args)
 
-        def spy_blockwise(*args, **kwargs):
-            self.blockwise += 1
-            return bw(*args, **kwargs)
-
-        monkeypatch.setattr(F, "scaled_dot_product_attention", spy_sdpa)
-        monkeypatch.setattr(rt, "blockwise_attention", spy_blockwise)
+            monkeypatch.setitem(rt._PATHS, name, spy)
 
 
 def _grads(out, inputs, seed=1):
@@ -117,7 +111,7 @@ def _grads(out, inputs, seed=1):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("regime", REGIMES)
+@pytest.mark.parametrize("regime", [*REGIMES, "general-blockwise"])
 @pytest.mark.parametrize(("dtype", "tol"), [(F64, 1e-10), (torch.float32, 2e-4)])
 def test_auto_matches_reference_values_and_gradients(regime, causal, dtype, tol, monkeypatch):
     # Small tiles and short tied chunks, so that several query blocks, key chunks and SDPA chunks run.
@@ -125,6 +119,9 @@ def test_auto_matches_reference_values_and_gradients(regime, causal, dtype, tol,
     monkeypatch.setattr(blockwise, "_TILE_ELEMENTS", 6 * 8 * 8)
     monkeypatch.setattr(blockwise, "_MIN_BLOCK_Q", 8)
     monkeypatch.setattr(rt, "_TIED_MAX_EXPONENT", 2.0)
+    if regime == "general-blockwise":  # too long for the dense tile: the blockwise kernel
+        regime = "general"
+        monkeypatch.setattr(rt, "DENSE_MAX_N", 16)
     q, k, v, omega, positions = _inputs(dtype=dtype)
     params = _params(regime, dtype=dtype)
     # The SDPA paths are exact on their parameter manifold only, so there only what stays on it
@@ -137,27 +134,92 @@ def test_auto_matches_reference_values_and_gradients(regime, causal, dtype, tol,
     kwargs = dict(**params, omega=omega, positions=positions, causal=causal)
 
     spy = _PathSpy(monkeypatch)
-    out = rt_attention(q, k, v, backend="auto", **kwargs)
-    if regime == "separable" or (regime == "tied" and causal):
-        assert spy.sdpa >= 1 and spy.blockwise == 0
-    else:
-        assert spy.blockwise == 1 and spy.sdpa == 0
+    structure = "general" if regime == "tied" and not causal else regime  # tied needs causal
+    out = rt_attention(q, k, v, backend="auto", structure=structure, **kwargs)
+    expected = {"separable": "separable", "tied": "tied", "general": "dense"}[structure]
+    if rt.DENSE_MAX_N < q.shape[2] and structure == "general":
+        expected = "blockwise"
+    assert spy.paths == [expected]
     ref = rt_attention(q, k, v, backend="reference", **kwargs)
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
     for name, g, g_ref in zip(("q", "k", "v", *trainable), _grads(out, leaves), _grads(ref, leaves)):
         torch.testing.assert_close(g, g_ref, rtol=tol, atol=tol, msg=f"gradient of {name}")
 
 
-def test_tied_family_with_trainable_process_parameters_falls_back_exactly(monkeypatch):
-    """On the tied manifold, gradients off it (∂/∂σ_t² etc.) need the general path."""
-    q, k, v, omega, positions = _inputs(n=17)
-    params = {name: p.requires_grad_() for name, p in _params("tied").items()}
-    spy = _PathSpy(monkeypatch)
-    out = rt_attention(q, k, v, **params, omega=omega, positions=positions)
-    assert spy.blockwise == 1
-    ref = rt_attention(q, k, v, **params, omega=omega, positions=positions, backend="reference")
-    for g, g_ref in zip(_grads(out, list(params.values())), _grads(ref, list(params.values()))):
+@pytest.mark.parametrize("backend", ["dense", "blockwise"])
+@pytest.mark.parametrize("regime", REGIMES)
+def test_general_paths_are_exact_for_every_regime(backend, regime):
+    """The general paths make no assumption on the parameters: exact in every regime, μ_r = 0 included."""
+    q, k, v, omega, positions = _inputs(n=19)
+    params = {name: p.requires_grad_() for name, p in _params(regime).items()}
+    leaves = [q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params.values()]
+    kwargs = dict(**params, omega=omega, positions=positions)
+    out = rt_attention(q, k, v, backend=backend, **kwargs)
+    ref = rt_attention(q, k, v, backend="reference", **kwargs)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    for g, g_ref in zip(_grads(out, leaves), _grads(ref, leaves)):
         torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10)
+
+
+def test_declared_structure_with_trainable_process_parameters_falls_back_exactly(monkeypatch):
+    """On the tied or separable manifold, gradients off it (∂/∂σ_t² etc.) need the general path."""
+    q, k, v, omega, positions = _inputs(n=17)
+    for structure in ("tied", "separable"):
+        params = {name: p.requires_grad_() for name, p in _params(structure).items()}
+        spy = _PathSpy(monkeypatch)
+        out = rt_attention(q, k, v, **params, omega=omega, positions=positions, structure=structure)
+        assert spy.paths == ["dense"]
+        ref = rt_attention(q, k, v, **params, omega=omega, positions=positions, backend="reference")
+        for g, g_ref in zip(_grads(out, list(params.values())), _grads(ref, list(params.values()))):
+            torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10)
+
+
+def test_path_choice_reads_no_values(monkeypatch):
+    """``auto`` decides from the declared structure, gradient needs and shapes: parameters on the
+    separable manifold take the general path unless declared, and the forward and backward of every
+    statically chosen path run without one host read (``aten._local_scalar_dense``) once the
+    documented eager value checks are set aside."""
+    monkeypatch.setattr(rt, "_validate_values", lambda *args: None)
+    q, k, v, omega, positions = _inputs(n=21)
+    spy = _PathSpy(monkeypatch)
+    for structure, dense_max_n, path in (
+        ("general", 512, "dense"),
+        ("general", 8, "blockwise"),
+        ("separable", 512, "separable"),
+    ):
+        monkeypatch.setattr(rt, "DENSE_MAX_N", dense_max_n)
+        params = _params("separable")  # σ_t² = 0 whatever the structure: values do not choose
+        params["beta"].requires_grad_()
+        x = [t.clone().requires_grad_() for t in (q, k, v)]
+        with _HostReads() as reads:
+            out = rt_attention(*x, **params, omega=omega, positions=positions, structure=structure)
+            out.sum().backward()
+        assert spy.paths[-1] == path and reads.count == 0, (structure, path, reads.count)
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts ATen calls that copy a tensor's value to the host (``.item()``, ``bool(tensor)``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_declared_structure_is_checked_in_eager_mode():
+    q, k, v, omega, positions = _inputs(n=9)
+    with pytest.raises(ValueError, match="structure='separable' needs sigma_t2 = 0"):
+        rt_attention(q, k, v, **_params("general"), structure="separable")
+    with pytest.raises(ValueError, match="structure='tied' needs sigma_t2 = 2 mu_r eta_t2"):
+        rt_attention(q, k, v, **_params("general"), structure="tied")
+    with pytest.raises(ValueError, match="non-decreasing positions"):
+        rt_attention(q, k, v, **_params("tied"), positions=positions.flip(-1), structure="tied")
+    with pytest.raises(ValueError, match="structure must be one of"):
+        rt_attention(q, k, v, **_params("tied"), structure="diagonal")
 
 
 def test_flex_score_mod_matches_reference(monkeypatch):
@@ -255,17 +317,20 @@ class _LargestTile(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("regime", REGIMES)
-def test_auto_never_materialises_n_by_n(regime, monkeypatch):
+def test_auto_never_materialises_n_by_n_beyond_the_dense_tile(regime, monkeypatch):
     monkeypatch.setattr(blockwise, "_MAX_BLOCK_K", 16)
     monkeypatch.setattr(blockwise, "_TILE_ELEMENTS", 1 * 2 * 16 * 16)
     monkeypatch.setattr(blockwise, "_MIN_BLOCK_Q", 16)
+    monkeypatch.setattr(rt, "DENSE_MAX_N", 64)
     n = 128
     q, k, v, omega, positions = _inputs(b=1, h=2, n=n, d=8)
     params = _params(regime, h=2)
     for backend, bound in (("auto", n * 16), ("reference", None)):
         x = [t.clone().requires_grad_() for t in (q, k, v)]
         with _LargestTile() as spy:
-            out = rt_attention(*x, **params, omega=omega, positions=positions, backend=backend)
+            out = rt_attention(
+                *x, **params, omega=omega, positions=positions, backend=backend, structure=regime
+            )
             out.sum().backward()
         if bound is None:
             assert spy.largest >= n * n  # the spy sees the reference's N×N logits
@@ -273,17 +338,32 @@ def test_auto_never_materialises_n_by_n(regime, monkeypatch):
             assert spy.largest <= bound, f"{regime}: a {spy.largest}-element tile"
 
 
+def test_dense_tile_only_within_its_bounds():
+    """The dense path holds (B, H, N, N) tensors: only for N ≤ DENSE_MAX_N and B·H·N² ≤ DENSE_MAX_ELEMENTS."""
+    params = tuple(torch.ones(4) for _ in range(4))
+    cpu = torch.device("cpu")
+    choose = rt._choose_path
+    assert choose("auto", "general", cpu, 48, 64, params, True) == "dense"
+    assert choose("auto", "general", cpu, 48, rt.DENSE_MAX_N, params, True) == "dense"
+    assert choose("auto", "general", cpu, 48, rt.DENSE_MAX_N + 1, params, True) == "blockwise"
+    too_many = rt.DENSE_MAX_ELEMENTS // 256**2 + 1
+    assert choose("auto", "general", cpu, too_many, 256, params, True) == "blockwise"
+
+
 def test_blockwise_saves_only_linear_statistics():
     q, k, v, omega, positions = _inputs(b=1, h=2, n=64)
     params = {name: p.requires_grad_() for name, p in _params("general", h=2).items()}
-    out = rt_attention(q.requires_grad_(), k, v, **params, omega=omega, positions=positions)
-    nodes, seen = [out.grad_fn], set()
-    while nodes:  # through the autograd graph to the blockwise node
-        node = nodes.pop()
-        seen.add(node)
-        nodes += [n for n, _ in node.next_functions if n is not None and n not in seen]
-    (node,) = [n for n in seen if type(n).__name__ == "_BlockwiseAttentionBackward"]
-    assert max(t.numel() for t in node.saved_tensors) == q.numel()  # (B, H, N, D) at most, no (N, N)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        rt_attention(
+            q.requires_grad_(), k, v, **params, omega=omega, positions=positions, backend="blockwise"
+        )
+    assert max(saved) == 3 * q.numel()  # the stacked q, k, v (3, B, H, N, D) at most, no (N, N)
 
 
 H, N, D = 2, 5, 4
@@ -315,8 +395,8 @@ def test_bad_inputs_raise(change, match):
 
 
 def test_compiled_kernels_match_reference(monkeypatch):
-    """Large problems run the preparation and the blockwise tiles through `torch.compile` (the
-    general path: the separable one compiles the same preparation code)."""
+    """Large problems run the blockwise tiles and the dense path's elementwise work through
+    `torch.compile` (the blockwise ones inside its custom operator)."""
     monkeypatch.setattr(rt, "COMPILE_MIN_PAIRS", 0)
     monkeypatch.setattr(blockwise, "_MAX_BLOCK_K", 8)
     monkeypatch.setattr(blockwise, "_TILE_ELEMENTS", 2 * 3 * 8 * 8)
@@ -324,13 +404,15 @@ def test_compiled_kernels_match_reference(monkeypatch):
     params = {name: p.requires_grad_() for name, p in _params("general", dtype=torch.float32).items()}
     leaves = [q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params.values()]
     kwargs = dict(**params, omega=omega, positions=positions)
-    out = rt_attention(q, k, v, **kwargs)
-    ref = rt_attention(q, k, v, backend="reference", **kwargs)
-    torch.testing.assert_close(out, ref, rtol=2e-4, atol=2e-4)
-    for g, g_ref in zip(_grads(out, leaves), _grads(ref, leaves)):
-        torch.testing.assert_close(g, g_ref, rtol=2e-4, atol=2e-4)
+    for backend in ("blockwise", "dense"):
+        out = rt_attention(q, k, v, backend=backend, **kwargs)
+        ref = rt_attention(q, k, v, backend="reference", **kwargs)
+        torch.testing.assert_close(out, ref, rtol=2e-4, atol=2e-4)
+        for g, g_ref in zip(_grads(out, leaves), _grads(ref, leaves)):
+            torch.testing.assert_close(g, g_ref, rtol=2e-4, atol=2e-4)
     assert not blockwise.MaybeCompiled.broken
-    assert rt._PREPARE.compiled is not None and blockwise._BACKWARD.compiled is not None
+    compiled = (blockwise._FORWARD, rt._RT_TILE_BACKWARD, rt._DENSE_FORWARD, rt._DENSE_BACKWARD)
+    assert all(f.compiled is not None for f in compiled)
 
 
 def test_bench_attention_entry_point(capsys):

@@ -196,6 +196,8 @@ class MaybeCompiled:
         self.fn, self.eager, self.compiled = fn, eager or fn, None
 
     def __call__(self, use_compile: bool, *args):
+        if torch.compiler.is_compiling():  # inside a compiled graph: traced and fused with the rest
+            return self.fn(*args)
         if use_compile and not MaybeCompiled.broken:
             try:
                 if self.compiled is None:
@@ -210,93 +212,146 @@ class MaybeCompiled:
 _FORWARD, _BACKWARD = MaybeCompiled(_tile_forward), MaybeCompiled(_tile_backward, _tile_backward_eager)
 
 
+def blockwise_forward(
+    score_fn: ScoreFn,
+    causal: bool,
+    block_q: int,
+    block_k: int,
+    use_compile: bool,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    times: Tensor,
+    query_scalars: Sequence[Tensor],
+    key_scalars: Sequence[Tensor],
+    params: Sequence[Tensor],
+) -> tuple[Tensor, Tensor]:
+    """The forward loops: ``(out (B, H, N, Dv), lse (B, H, N))``, the per-query log-sum-exp being
+    the only statistic the backward needs. ``times`` is ``(B | 1, N)``; see `blockwise_attention`."""
+    tiles = _Tiles(times, query_scalars, key_scalars, params)
+    b, h, n, _ = q.shape
+    out = torch.empty(b, h, n, v.shape[-1], dtype=v.dtype, device=v.device)
+    lse = torch.empty(b, h, n, dtype=q.dtype, device=q.device)  # (B, H, N) log-sum-exp per query
+    for i0 in range(0, n, block_q):
+        i1 = min(i0 + block_q, n)
+        q_blk, qs, tq = q[:, :, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
+        run_max = torch.full((b, h, i1 - i0), -math.inf, dtype=q.dtype, device=q.device)
+        run_sum = torch.zeros_like(run_max)
+        acc = torch.zeros(b, h, i1 - i0, v.shape[-1], dtype=v.dtype, device=v.device)
+        for j0 in range(0, _key_end(i1, n, causal), block_k):
+            j1 = min(j0 + block_k, _key_end(i1, n, causal))
+            dot = q_blk @ k[:, :, j0:j1].transpose(-1, -2)  # (B, H, bq, bk)
+            qi, kj = _Tiles.indices(i0, i1, j0, j1, causal, n, q.device)
+            p, new_max, p_sum = _FORWARD(
+                use_compile,
+                score_fn,
+                dot,
+                tq,
+                tiles.tk(j0, j1),
+                qs,
+                tiles.ks(j0, j1),
+                tiles.params,
+                qi,
+                kj,
+                run_max,
+            )
+            rescale = torch.exp(run_max - new_max)  # 0 on the first chunk
+            run_sum = run_sum * rescale + p_sum
+            acc = acc * rescale[..., None] + p @ v[:, :, j0:j1]
+            run_max = new_max
+        out[:, :, i0:i1] = acc / run_sum[..., None]
+        lse[:, :, i0:i1] = run_max + torch.log(run_sum)
+    return out, lse
+
+
+def blockwise_backward(
+    score_fn: ScoreFn,
+    causal: bool,
+    block_q: int,
+    block_k: int,
+    use_compile: bool,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    times: Tensor,
+    query_scalars: Sequence[Tensor],
+    key_scalars: Sequence[Tensor],
+    params: Sequence[Tensor],
+    out: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    tile_backward: MaybeCompiled | None = None,
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor], list[Tensor], list[Tensor]]:
+    """The recomputing backward of `blockwise_forward`: ``(dq, dk, dv, d query_scalars,
+    d key_scalars, d params)``, each shaped like its input.
+
+    ``tile_backward``: the tile's ``(p, d_dot, d_qs, d_ks, d_ps)`` with the signature of
+    `_tile_backward`, e.g. a score function's derivatives written out; default: autograd through
+    ``score_fn`` (which needs the autograd dispatch, so not inside a custom operator).
+    """
+    tile_backward = tile_backward or _BACKWARD
+    tiles = _Tiles(times, query_scalars, key_scalars, params)
+    n = q.shape[2]
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    grad_qs = [torch.zeros_like(s) for s in query_scalars]
+    grad_ks = [torch.zeros_like(s) for s in key_scalars]
+    grad_ps = [torch.zeros_like(p) for p in params]
+    delta = (grad_out * out).sum(-1)  # (B, H, N), rowsum(dO ⊙ O)
+    for i0 in range(0, n, block_q):
+        i1 = min(i0 + block_q, n)
+        q_blk, do_blk, qs, tq = q[:, :, i0:i1], grad_out[:, :, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
+        lse_blk, delta_blk = lse[:, :, i0:i1, None].clone(), delta[:, :, i0:i1, None].clone()
+        for j0 in range(0, _key_end(i1, n, causal), block_k):
+            j1 = min(j0 + block_k, _key_end(i1, n, causal))
+            k_c, v_c = k[:, :, j0:j1], v[:, :, j0:j1]
+            dot = q_blk @ k_c.transpose(-1, -2)
+            dp = do_blk @ v_c.transpose(-1, -2)
+            qi, kj = _Tiles.indices(i0, i1, j0, j1, causal, n, q.device)
+            p, d_dot, d_qs, d_ks, d_ps = tile_backward(
+                use_compile,
+                score_fn,
+                dot,
+                tq,
+                tiles.tk(j0, j1),
+                qs,
+                tiles.ks(j0, j1),
+                tiles.params,
+                qi,
+                kj,
+                lse_blk,
+                dp,
+                delta_blk,
+            )
+            dv[:, :, j0:j1] += p.transpose(-1, -2) @ do_blk
+            dq[:, :, i0:i1] += d_dot @ k_c
+            dk[:, :, j0:j1] += d_dot.transpose(-1, -2) @ q_blk
+            for acc, g in zip(grad_qs, d_qs):  # (B|1, H|1, bq, 1), already reduced over the tile
+                acc[..., i0:i1] += g.squeeze(-1)
+            for acc, g in zip(grad_ks, d_ks):
+                acc[..., j0:j1] += g.squeeze(-2)
+            for acc, g in zip(grad_ps, d_ps):
+                acc += g.reshape(-1)
+    return dq, dk, dv, grad_qs, grad_ks, grad_ps
+
+
 class _BlockwiseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, score_fn, causal, block_q, block_k, use_compile, n_qs, n_ks, q, k, v, times, *rest):
         query_scalars, key_scalars, params = rest[:n_qs], rest[n_qs : n_qs + n_ks], rest[n_qs + n_ks :]
-        tiles = _Tiles(times, query_scalars, key_scalars, params)
-        b, h, n, _ = q.shape
-        out = torch.empty(b, h, n, v.shape[-1], dtype=v.dtype, device=v.device)
-        lse = torch.empty(b, h, n, dtype=q.dtype, device=q.device)  # (B, H, N) log-sum-exp per query
-        for i0 in range(0, n, block_q):
-            i1 = min(i0 + block_q, n)
-            q_blk, qs, tq = q[:, :, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
-            run_max = torch.full((b, h, i1 - i0), -math.inf, dtype=q.dtype, device=q.device)
-            run_sum = torch.zeros_like(run_max)
-            acc = torch.zeros(b, h, i1 - i0, v.shape[-1], dtype=v.dtype, device=v.device)
-            for j0 in range(0, _key_end(i1, n, causal), block_k):
-                j1 = min(j0 + block_k, _key_end(i1, n, causal))
-                dot = q_blk @ k[:, :, j0:j1].transpose(-1, -2)  # (B, H, bq, bk)
-                qi, kj = _Tiles.indices(i0, i1, j0, j1, causal, n, q.device)
-                p, new_max, p_sum = _FORWARD(
-                    use_compile,
-                    score_fn,
-                    dot,
-                    tq,
-                    tiles.tk(j0, j1),
-                    qs,
-                    tiles.ks(j0, j1),
-                    tiles.params,
-                    qi,
-                    kj,
-                    run_max,
-                )
-                rescale = torch.exp(run_max - new_max)  # 0 on the first chunk
-                run_sum = run_sum * rescale + p_sum
-                acc = acc * rescale[..., None] + p @ v[:, :, j0:j1]
-                run_max = new_max
-            out[:, :, i0:i1] = acc / run_sum[..., None]
-            lse[:, :, i0:i1] = run_max + torch.log(run_sum)
-        ctx.config = (score_fn, causal, block_q, block_k, use_compile, n_qs, n_ks)
+        config = (score_fn, causal, block_q, block_k, use_compile)
+        out, lse = blockwise_forward(*config, q, k, v, times, query_scalars, key_scalars, params)
+        ctx.config, ctx.counts = config, (n_qs, n_ks)
         ctx.save_for_backward(q, k, v, times, out, lse, *rest)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, times, out, lse, *rest = ctx.saved_tensors
-        score_fn, causal, block_q, block_k, use_compile, n_qs, n_ks = ctx.config
+        n_qs, n_ks = ctx.counts
         query_scalars, key_scalars, params = rest[:n_qs], rest[n_qs : n_qs + n_ks], rest[n_qs + n_ks :]
-        tiles = _Tiles(times, query_scalars, key_scalars, params)
-        n = q.shape[2]
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        grad_qs = [torch.zeros_like(s) for s in query_scalars]
-        grad_ks = [torch.zeros_like(s) for s in key_scalars]
-        grad_ps = [torch.zeros_like(p) for p in params]
-        delta = (grad_out * out).sum(-1)  # (B, H, N), rowsum(dO ⊙ O)
-        for i0 in range(0, n, block_q):
-            i1 = min(i0 + block_q, n)
-            q_blk, do_blk, qs, tq = q[:, :, i0:i1], grad_out[:, :, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
-            lse_blk, delta_blk = lse[:, :, i0:i1, None].clone(), delta[:, :, i0:i1, None].clone()
-            for j0 in range(0, _key_end(i1, n, causal), block_k):
-                j1 = min(j0 + block_k, _key_end(i1, n, causal))
-                k_c, v_c = k[:, :, j0:j1], v[:, :, j0:j1]
-                dot = q_blk @ k_c.transpose(-1, -2)
-                dp = do_blk @ v_c.transpose(-1, -2)
-                qi, kj = _Tiles.indices(i0, i1, j0, j1, causal, n, q.device)
-                p, d_dot, d_qs, d_ks, d_ps = _BACKWARD(
-                    use_compile,
-                    score_fn,
-                    dot,
-                    tq,
-                    tiles.tk(j0, j1),
-                    qs,
-                    tiles.ks(j0, j1),
-                    tiles.params,
-                    qi,
-                    kj,
-                    lse_blk,
-                    dp,
-                    delta_blk,
-                )
-                dv[:, :, j0:j1] += p.transpose(-1, -2) @ do_blk
-                dq[:, :, i0:i1] += d_dot @ k_c
-                dk[:, :, j0:j1] += d_dot.transpose(-1, -2) @ q_blk
-                for acc, g in zip(grad_qs, d_qs):  # (B|1, H|1, bq, 1), already reduced over the tile
-                    acc[..., i0:i1] += g.squeeze(-1)
-                for acc, g in zip(grad_ks, d_ks):
-                    acc[..., j0:j1] += g.squeeze(-2)
-                for acc, g in zip(grad_ps, d_ps):
-                    acc += g.reshape(-1)
+        dq, dk, dv, grad_qs, grad_ks, grad_ps = blockwise_backward(
+            *ctx.config, q, k, v, times, query_scalars, key_scalars, params, out, lse, grad_out
+        )
         needs = ctx.needs_input_grad[11:]
         grads = [g if need else None for g, need in zip((*grad_qs, *grad_ks, *grad_ps), needs)]
         return (None,) * 7 + (dq, dk, dv, None, *grads)

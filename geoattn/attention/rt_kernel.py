@@ -11,29 +11,41 @@ For one head, with ``q̂ = q/|q|``, ``k̂ = k/|k|``, ``v̂ = v/|v|``, ``m_j² = 
 ``R`` is the pair rotation of `geoattn.algebra.rotation`. Since ``R(t_i − t_j) = R(t_i) R(−t_j)``
 is orthogonal, ``⟨q̂_i, R(Δt_ij) k̂_j⟩ = ⟨R(−t_i) q̂_i, R(−t_j) k̂_j⟩`` and
 ``Σ_j A_ij R(Δt_ij) v̂_j = R(t_i) Σ_j A_ij R(−t_j) v̂_j``: every backend rotates per token
-(O(N D)) and never per pair.
+(O(N D)) and never per pair. q, k and v are normalised and rotated together, as one token-major
+``(B, N, 3, H, D)`` tensor: the layout of a fused Q/K/V projection, which `rt_attention_qkv` takes
+as it is.
 
-Backends: ``"reference"`` (explicit N×N, the oracle), ``"auto"`` (picks one of the fast paths
-below, never materialises an N×N tensor), and for benchmarks and tests the general paths forced
-by name, ``"blockwise"`` and ``"flex"``:
+Backends: ``"reference"`` (explicit N×N, the oracle), ``"auto"`` (below), and for benchmarks and
+tests the paths forced by name, ``"dense"``, ``"blockwise"`` and ``"flex"``. ``auto`` chooses from
+static facts only: the ``structure`` the caller declares, which parameters need gradients, the
+shapes and the device; it never reads a tensor's values, so it runs under
+``torch.compile(fullgraph=True)`` and its cost does not depend on the data:
 
-* ``σ_t² = 0``: ``κ_j = m_j²/η_t²`` depends on the key only; SDPA with ``κ_j`` folded into the
-  key and the bias ``log κ_j − β κ_j`` as one extra coordinate (query side 1), ``scale = 1``;
-* ``σ_t² = 2 μ_r η_t²`` (causal, non-decreasing times): ``c = η_t² e^{2 μ_r Δt}``, so
-  ``κ_ij = s_i a_j`` with ``s_i = e^{−2μ_r (t_i − t₀)}`` and ``a_j = m_j² e^{2μ_r (t_j − t₀)}/η_t²``;
+* ``structure="separable"`` (``σ_t² = 0``): ``κ_j = m_j²/η_t²`` depends on the key only; SDPA with
+  ``κ_j`` folded into the key and the bias ``log κ_j − β κ_j`` as one extra coordinate (query side 1),
+  ``scale = 1``;
+* ``structure="tied"`` (``σ_t² = 2 μ_r η_t²``, causal, non-decreasing times): ``c = η_t² e^{2 μ_r Δt}``,
+  so ``κ_ij = s_i a_j`` with ``s_i = e^{−2μ_r (t_i − t₀)}`` and ``a_j = m_j² e^{2μ_r (t_j − t₀)}/η_t²``;
   SDPA again, queries split into chunks whose time span keeps ``e^{2 μ_r (t − t₀)}`` bounded
-  (``t₀``: the chunk's first query time; ``log s_i`` is constant per query and cancels);
-* otherwise: FlexAttention with a ``score_mod`` on CUDA (the blockwise kernel if it fails), and
-  on other devices the blockwise flash-style kernel of `geoattn.attention.blockwise`.
+  (``t₀``: the chunk's first query time; ``log s_i`` is constant per query and cancels). The chunk
+  plan depends on ``μ_r`` and the times, so this one path reads values (and breaks a compiled graph);
+* ``structure="general"`` (the default): the dense exact kernel when one ``N × N`` tile per head is
+  small (``N ≤ DENSE_MAX_N`` and ``B·H·N² ≤ DENSE_MAX_ELEMENTS``): the logits in four fused passes
+  from a batch-independent ``log c(|Δt|)`` table and a hand-written backward that saves two
+  ``N × N`` tiles; otherwise FlexAttention with a ``score_mod`` on CUDA and, elsewhere, the
+  blockwise flash-style kernel of `geoattn.attention.blockwise` (O(N) memory), registered as a
+  custom operator so that a compiled graph calls it whole.
 
-The two SDPA paths are exact only on their parameter manifold, so ``auto`` takes them only when
-no gradient is asked off it: ``σ_t² = 0`` needs ``sigma_t2`` not to require grad; the tied family
-needs none of ``mu_r, sigma_t2, eta_t2`` to require grad. Otherwise the general path runs.
+The separable and tied paths are exact only on their parameter manifold: a declared structure whose
+parameters need gradients off it (``sigma_t2`` for separable; ``mu_r, sigma_t2, eta_t2`` for tied)
+runs the general path instead. In eager mode the declaration is checked against the values (a
+ValueError if it does not hold), like the other parameter constraints; compiled graphs skip these
+value checks.
 
-Problems with ``B·H·N² ≥ COMPILE_MIN_PAIRS`` run the per-token preparation (normalise, rotate,
-fold) and the blockwise tiles through `torch.compile` (the first call compiles, for tens of
-seconds on a CPU); smaller ones run eagerly. Half-precision inputs are computed in float32, with
-autocast switched off inside (`geoattn.attention.dtypes`).
+Problems with ``B·H·N² ≥ COMPILE_MIN_PAIRS`` run the per-token preparation and the blockwise tiles
+through `torch.compile` (the first call compiles, for tens of seconds on a CPU); smaller ones run
+eagerly. Half-precision inputs are computed in float32, with autocast switched off inside
+(`geoattn.attention.dtypes`).
 """
 
 from __future__ import annotations
@@ -46,11 +58,23 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from geoattn.algebra.rotation import rope_angles, rotate_pairs
-from geoattn.attention.blockwise import COMPILE_MIN_PAIRS, MaybeCompiled, blockwise_attention
+from geoattn.attention.blockwise import (
+    COMPILE_MIN_PAIRS,
+    MaybeCompiled,
+    blockwise_backward,
+    blockwise_forward,
+    default_blocks,
+)
 from geoattn.attention.dtypes import outside_autocast, work_dtype
-from geoattn.rt.precision import rt_noise_variance
+from geoattn.rt.precision import expm1_ratio, rt_noise_variance
 
-BACKENDS = ("auto", "reference", "blockwise", "flex")
+BACKENDS = ("auto", "reference", "dense", "blockwise", "flex")
+STRUCTURES = ("general", "separable", "tied")
+
+# The dense path holds about two (B, H, N, N) float tensors per call for the backward: within these
+# bounds that is at most 2 × 64 MB, and a tile of N ≤ 512 keys is what the blockwise kernel uses anyway.
+DENSE_MAX_N = 512
+DENSE_MAX_ELEMENTS = 1 << 24
 
 # Largest 2 μ_r (t − t₀) within one SDPA chunk of the tied family: e^{±60} keeps the folded
 # query and key scalings inside float32's range (e^{±87}) with room for m²/η² and β.
@@ -76,6 +100,7 @@ def rt_attention(
     backend: str = "auto",
     return_weights: bool = False,
     normalize_values: bool = True,
+    structure: str = "general",
 ) -> Tensor | tuple[Tensor, Tensor]:
     """RT-Filter attention, exactly SPEC §4.1.
 
@@ -86,48 +111,111 @@ def rt_attention(
         omega: ``(H, D/2)`` angular frequencies of ``R``, or None for no rotation.
         positions: ``(N,)`` or ``(B, N)`` float times (irregular allowed); default ``arange(N)``.
         causal: attend to ``j ≤ i`` only.
-        backend: ``"auto"`` | ``"reference"`` | ``"blockwise"`` | ``"flex"`` (see the module doc).
+        backend: ``"auto"`` | ``"reference"`` | ``"dense"`` | ``"blockwise"`` | ``"flex"`` (module doc).
         return_weights: also return the attention weights ``(B, H, N, N)``. Weights are N×N by
             definition, so this always runs the reference path.
         normalize_values: our extension: False uses ``v`` as given instead of ``v̂ = v/|v|``
             (the ``qkv_norm=False`` ablation of the layers).
+        structure: our extension, what the caller knows about the parameters, so that ``auto`` can
+            take a faster exact path without reading them: ``"general"`` (anything),
+            ``"separable"`` (``sigma_t2 ≡ 0``) or ``"tied"`` (``sigma_t2 = 2 mu_r eta_t2``).
 
     Returns:
         ``o`` of shape ``(B, H, N, D)``, or ``(o, weights)`` when ``return_weights``.
     """
-    dtype = q.dtype
-    params = _validate(q, k, v, mu_r, sigma_t2, eta_t2, beta, omega, positions, backend)
-    b, h, n, d = q.shape
+    _validate(q, k, v, mu_r, sigma_t2, eta_t2, beta, omega, positions, backend, structure)
+    return _attention(
+        torch.stack([x.transpose(1, 2) for x in (q, k, v)], dim=2),  # (B, N, 3, H, D)
+        None,
+        1.0,
+        (mu_r, sigma_t2, eta_t2, beta),
+        omega,
+        positions,
+        causal,
+        backend,
+        return_weights,
+        normalize_values,
+        structure,
+    )
+
+
+@outside_autocast
+def rt_attention_qkv(
+    qkv: Tensor,
+    *,
+    metric: Tensor | None = None,
+    key_scale: float | None = 1.0,
+    mu_r: Tensor,
+    sigma_t2: Tensor,
+    eta_t2: Tensor,
+    beta: Tensor,
+    omega: Tensor | None = None,
+    positions: Tensor | None = None,
+    causal: bool = True,
+    backend: str = "auto",
+    return_weights: bool = False,
+    normalize_values: bool = True,
+    structure: str = "general",
+) -> Tensor | tuple[Tensor, Tensor]:
+    """`rt_attention` on stacked projections, as a fused Q/K/V projection produces them.
+
+    Args:
+        qkv: ``(B, N, 3, H, D)``: ``qkv[:, :, 0]`` are the queries ``(B, N, H, D)``, then keys and
+            values; a fused projection ``(B, N, 3·H·D)`` viewed so, without a copy.
+        metric: ``(H, D)`` per-dimension scales applied to q and k before they are normalised (a
+            learned diagonal metric on the directions, the layers' ``s_qk``), or None.
+        key_scale: the key magnitude is ``m_j = key_scale · |k_j|``, measured before ``metric``;
+            None: ``m_j = 1`` (no magnitude precision, ``κ = 1/c``).
+        The other arguments are those of `rt_attention`; with ``metric=None, key_scale=1.0`` this
+        is `rt_attention` on ``q, k, v = qkv.unbind(2)`` (transposed to ``(B, H, N, D)``).
+
+    Returns:
+        ``(B, H, N, D)``, or ``(o, weights)`` when ``return_weights``.
+    """
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"qkv must be a (B, N, 3, H, D) tensor, got {_shape(qkv)}")
+    q, k, v = qkv.unbind(2)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    _validate(q, k, v, mu_r, sigma_t2, eta_t2, beta, omega, positions, backend, structure)
+    if metric is not None and (not isinstance(metric, Tensor) or metric.shape != qkv.shape[3:]):
+        raise ValueError(f"metric must have shape (H, D) = {tuple(qkv.shape[3:])}, got {_shape(metric)}")
+    params = (mu_r, sigma_t2, eta_t2, beta)
+    args = (params, omega, positions, causal, backend, return_weights, normalize_values, structure)
+    return _attention(qkv, metric, key_scale, *args)
+
+
+def _attention(
+    qkv, metric, key_scale, params, omega, positions, causal, backend, return_weights, normalize, structure
+):
+    dtype = qkv.dtype
+    b, n, _, h, d = qkv.shape
     if positions is None:
-        positions = torch.arange(n, device=q.device)
-    work = work_dtype(q.dtype)
+        positions = torch.arange(n, device=qkv.device)
+    work = work_dtype(dtype)
     times = positions.to(work)  # (N,) or (B, N)
-    mu_r, sigma_t2, eta_t2, beta = (p.to(work) for p in params)
-    q, k, v = q.to(work), k.to(work), v.to(work)
+    params = tuple(p.to(work) for p in params)
     angles = None if omega is None else rope_angles(times, omega.to(work))  # (B|1, H, N, D/2)
     use_compile = b * h * n * n >= COMPILE_MIN_PAIRS
+    qkv = qkv.to(work)
+    metric = None if metric is None else metric.to(work)
 
+    weights = None
     if return_weights or backend == "reference":
-        qh, kh, vh, log_m2 = _prepare(q, k, v, angles, normalize_values)
-        out, weights = _reference(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal)
+        qh, kh, vh, log_m2 = _prepare_reference(qkv, metric, key_scale, angles, normalize)
+        out, weights = _reference(qh, kh, vh, log_m2, times, *params, causal)
     else:
-        weights = None
-        path = _choose_path(backend, q.device, times, mu_r, sigma_t2, eta_t2, causal)
-        if path == "separable":  # one fused preparation straight to the folded SDPA inputs
-            folded = _PREPARE_SEPARABLE(use_compile, q, k, v, angles, normalize_values, mu_r, eta_t2, beta)
-            out = _sdpa(*folded, d, is_causal=causal)
-        else:
-            qh, kh, vh, log_m2 = _PREPARE(use_compile, q, k, v, angles, normalize_values)
-            args = (qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile)
-            try:
-                out = _PATHS[path](*args)
-            except Exception as err:  # noqa: BLE001 - only auto's choice of FlexAttention falls back
-                if not (backend == "auto" and path == "flex"):
-                    raise
-                warnings.warn(f"FlexAttention failed ({err}); using the blockwise kernel", stacklevel=2)
-                out = _blockwise(*args)
-    if angles is not None:
-        out = _FINISH(use_compile, out, angles)
+        qh, kh, vh, log_m2 = _prepare(qkv, metric, key_scale, angles, normalize)
+        path = _choose_path(backend, structure, qkv.device, b * h, n, params, causal)
+        args = (qh, kh, vh, log_m2, times, *params, causal, use_compile)
+        try:
+            out = _PATHS[path](*args)
+        except Exception as err:  # noqa: BLE001 - only auto's choice of FlexAttention falls back
+            if not (backend == "auto" and path == "flex"):
+                raise
+            warnings.warn(f"FlexAttention failed ({err}); using the blockwise kernel", stacklevel=3)
+            out = _blockwise(*args)
+    if angles is not None:  # back to each query's own frame
+        out = rotate_pairs(out, angles) if weights is not None else _rotate(out, angles)
     out = out.to(dtype)
     return (out, weights.to(dtype)) if return_weights else out
 
@@ -137,8 +225,9 @@ def rt_logits(
 ) -> Tensor:
     """``log κ + β κ (dot − 1)`` with ``κ = m²/c(|Δt|)``, elementwise and broadcasting.
 
-    Shared by every backend. Typical shapes: ``dot (B, H, N, N)``, ``dt (B|1, 1, N, N)`` signed,
-    ``log_m2 (B, H, 1, N)``, parameters ``(1, H, 1, 1)``.
+    Shared by the reference, blockwise and FlexAttention backends (the dense one computes the same
+    expression from a precomputed ``log c`` table). Typical shapes: ``dot (B, H, N, N)``,
+    ``dt (B|1, 1, N, N)`` signed, ``log_m2 (B, H, 1, N)``, parameters ``(1, H, 1, 1)``.
     """
     log_kappa = log_m2 - torch.log(rt_noise_variance(dt.abs(), mu_r, sigma_t2, eta_t2))
     return log_kappa + beta * torch.exp(log_kappa) * (dot - 1)
@@ -147,6 +236,150 @@ def rt_logits(
 def _rt_score(dot, dt, query_scalars, key_scalars, params):
     """The `geoattn.attention.blockwise.ScoreFn` of RT-Filter attention: key scalar ``log m_j²``."""
     return rt_logits(dot, dt, key_scalars[0], *params)
+
+
+def _rt_tile_backward(score_fn, dot, tq, tk, query_scalars, key_scalars, params, qi, kj, lse, dp, delta):
+    """The blockwise tile backward of `_rt_score`, written out (no autograd, so it also runs inside
+    a custom operator): ``(p, ∂/∂dot, (), (∂/∂log m²,), (∂/∂μ_r, ∂/∂σ_t², ∂/∂η_t², ∂/∂β))``.
+
+    With ``dS = P ⊙ (dP − δ)``, ``A = dS β κ (dot − 1)`` and ``G = dS + A`` (the total through
+    ``log κ = log m² − log c``): ``∂/∂dot = dS β κ``, ``∂/∂log m² = Σ_i G``, ``∂/∂p = −Σ G ∂c/∂p / c``
+    for the three noise parameters, ``∂/∂β = Σ A / β``. Shapes as in `geoattn.attention.blockwise`.
+    """
+    mu_r, sigma_t2, eta_t2, beta = params
+    dt = (tq - tk).abs()
+    c = rt_noise_variance(dt, mu_r, sigma_t2, eta_t2)
+    log_kappa = key_scalars[0] - torch.log(c)
+    b_kappa = beta * torch.exp(log_kappa)
+    dm1 = dot - 1
+    p = torch.exp(log_kappa + b_kappa * dm1 - lse).masked_fill(kj > qi, 0.0)
+    ds = p * (dp - delta)
+    d_dot = ds * b_kappa
+    through_kappa = d_dot * dm1
+    d_log_c = -(ds + through_kappa) / c  # ∂/∂c
+    x = 2 * mu_r * dt
+    partials = (2 * sigma_t2 * dt * dt * _expm1_ratio_slope(x), dt * expm1_ratio(x), torch.ones_like(c))
+    d_noise = tuple((d_log_c * part).sum((0, 2, 3), keepdim=True) for part in partials)
+    d_log_m2 = (ds + through_kappa).sum(-2, keepdim=True)
+    d_beta = through_kappa.sum((0, 2, 3), keepdim=True) / beta
+    return p, d_dot, (), (d_log_m2,), (*d_noise, d_beta)
+
+
+def _expm1_ratio_slope(x: Tensor) -> Tensor:
+    """``d/dx (e^x − 1)/x = (expm1(x)(x − 1) + x)/x²``, by its series near 0 (where the closed form
+    cancels): ``Σ_{n≥1} n x^{n−1}/(n+1)!`` to ``x⁶``, below 0.5 in float32 and 0.01 otherwise, so that
+    the first omitted term stays under the dtype's rounding."""
+    below = 0.5 if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else 0.01
+    small = x.abs() < below
+    safe = torch.where(small, torch.ones_like(x), x)
+    closed = (torch.expm1(safe) * (safe - 1) + safe) / (safe * safe)
+    series = 0.5 + x * (1 / 3 + x * (1 / 8 + x * (1 / 30 + x * (1 / 144 + x * (1 / 840 + x / 5760)))))
+    return torch.where(small, series, closed)
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs.
+
+
+def _prepare_reference(qkv, metric, key_scale, angles, normalize_values):
+    """Unit ``q̂, k̂`` (and ``v̂``) rotated to the common frame, and ``log m²``, in plain differentiable
+    operations (the reference's autograd checks the fast `_prepare`).
+
+    ``qkv (B, N, 3, H, D)``, ``metric (H, D)`` or None, ``key_scale`` a number or None,
+    ``angles (B|1, H, N, D/2)`` or None → ``qh, kh, vh (B, H, N, D)`` and ``log_m2 (B, H, N)``.
+    """
+    q, k, v = (x.transpose(1, 2) for x in qkv.unbind(2))  # (B, H, N, D)
+    log_m2 = _log_key_norm2(torch.linalg.vecdot(k, k), key_scale)
+    if metric is not None:
+        q, k = q * metric[:, None], k * metric[:, None]
+    units = [x * torch.rsqrt(torch.linalg.vecdot(x, x).clamp_min(_EPS2))[..., None] for x in (q, k, v)]
+    if not normalize_values:
+        units[2] = v
+    if angles is not None:  # ⟨R(−t_i) q̂_i, R(−t_j) k̂_j⟩ = ⟨q̂_i, R(t_i − t_j) k̂_j⟩
+        units = [rotate_pairs(x, -angles) for x in units]
+    return (*units, log_m2)
+
+
+def _prepare(qkv, metric, key_scale, angles, normalize_values):
+    """`_prepare_reference` with the normalisation and key magnitudes in one autograd node (a dozen
+    passes over ``(B, N, 3, H, D)`` instead of about thirty) and the rotation as one complex
+    multiplication that also writes the head-major layout the matmuls need. Compiled graphs trace
+    the plain operations and fuse them."""
+    if torch.compiler.is_compiling():
+        return _prepare_reference(qkv, metric, key_scale, angles, normalize_values)
+    scale = None if metric is None else torch.stack((metric, metric, torch.ones_like(metric)))  # (3, H, D)
+    units, key_norm2 = _UnitQKV.apply(qkv, scale, key_scale is not None, normalize_values)
+    units = units.permute(2, 0, 3, 1, 4)  # (3, B, H, N, D) view
+    if angles is not None:
+        units = _rotate(units, -angles)
+    qh, kh, vh = units.contiguous()
+    if key_norm2 is None:  # no magnitude precision: log m² = 0
+        return qh, kh, vh, qh.new_zeros(qh.shape[:-1])
+    return qh, kh, vh, _log_key_norm2(key_norm2.transpose(1, 2), key_scale)
+
+
+def _log_key_norm2(k_norm2: Tensor, key_scale: float | None) -> Tensor:
+    """``log m² = log(key_scale² |k|²)``, with ``|k| = 0`` kept finite; 0 when ``key_scale`` is None."""
+    if key_scale is None:
+        return torch.zeros_like(k_norm2)
+    return torch.log((k_norm2 * key_scale**2).clamp_min(torch.finfo(k_norm2.dtype).tiny))
+
+
+_EPS2 = 1e-24  # |x|² below this counts as 1e-24: a zero vector maps to zero with finite gradients
+
+
+class _UnitQKV(torch.autograd.Function):
+    """``(qkv·scale)/|qkv·scale|`` over the last axis of ``qkv (B, N, 3, H, D)`` (values left as they
+    are unless ``normalize_values``), and the raw squared key norms ``|k|² (B, N, H)``.
+
+    ``scale (3, H, D)`` or None. Backward of ``u = y/|y|``: ``∂y = (∂u − ⟨∂u, u⟩ u)/|y|`` (no radial
+    part; none at all where ``|y|²`` sits at the clamp); of ``|k|²``: ``2 k``.
+    """
+
+    @staticmethod
+    def forward(ctx, qkv, scale, key_norms: bool, normalize_values: bool):
+        y = qkv if scale is None else qkv * scale
+        norm2 = torch.linalg.vecdot(y, y)  # (B, N, 3, H)
+        inv = torch.rsqrt(norm2.clamp_min(_EPS2))
+        radial = (norm2 > _EPS2).to(y.dtype)  # where the norm is a function of y (not the clamp)
+        if not normalize_values:
+            inv[:, :, 2], radial[:, :, 2] = 1.0, 0.0
+        units = y * inv[..., None]
+        k = qkv[:, :, 1]
+        key_norm2 = (norm2[:, :, 1] if scale is None else torch.linalg.vecdot(k, k)) if key_norms else None
+        ctx.save_for_backward(qkv, scale, inv, radial, units)
+        return units, key_norm2
+
+    @staticmethod
+    def backward(ctx, grad_units, grad_key_norm2):
+        qkv, scale, inv, radial, units = ctx.saved_tensors
+        along = torch.linalg.vecdot(grad_units, units) * radial  # (B, N, 3, H)
+        grad_y = (grad_units - along[..., None] * units).mul_(inv[..., None])
+        grad_qkv = grad_y if scale is None else grad_y * scale
+        grad_scale = None
+        if scale is not None and ctx.needs_input_grad[1]:
+            grad_scale = (grad_y * qkv).sum((0, 1))  # (3, H, D)
+        if grad_key_norm2 is not None:  # grad_qkv is a fresh tensor: accumulate in place
+            grad_qkv[:, :, 1] += 2 * grad_key_norm2[..., None] * qkv[:, :, 1]
+        return grad_qkv, grad_scale, None, None
+
+
+def _rotate(x: Tensor, angles: Tensor) -> Tensor:
+    """`rotate_pairs` ``(x (..., D), angles (..., D/2))``; in eager mode as one complex multiplication,
+    ``(x₀ + i x₁) e^{iθ} = (x₀ cos θ − x₁ sin θ) + i (x₀ sin θ + x₁ cos θ)``, the same rotation in one
+    pass forward and one backward instead of about eight. Compiled graphs use `rotate_pairs`, which
+    the compiler fuses (it has no fused complex kernels)."""
+    pairs = x.unflatten(-1, (-1, 2))
+    if torch.compiler.is_compiling() or not _complex_view_ok(pairs):
+        return rotate_pairs(x, angles)
+    turn = torch.polar(torch.ones_like(angles, dtype=x.dtype), angles.to(x.dtype))
+    return torch.view_as_real(torch.view_as_complex(pairs) * turn).flatten(-2)
+
+
+def _complex_view_ok(pairs: Tensor) -> bool:
+    """Whether `torch.view_as_complex` accepts ``pairs (..., 2)``: unit last stride, even others."""
+    even = all(stride % 2 == 0 for stride in pairs.stride()[:-1]) and pairs.storage_offset() % 2 == 0
+    return pairs.stride(-1) == 1 and even and pairs.dtype in (torch.float32, torch.float64)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,30 +401,95 @@ def _reference(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal):
     return weights @ vh, weights
 
 
-def _prepare(q, k, v, angles, normalize_values):
-    """Unit ``q̂, k̂`` (and ``v̂``) rotated to the common frame, and ``log |k|²``.
+def _dense(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
+    log_c = _log_noise_table(times, mu_r, sigma_t2, eta_t2, causal)
+    return _DenseRT.apply(qh, kh, vh, log_m2, log_c, beta, use_compile)
 
-    ``q, k, v (B, H, N, D)``, ``angles (B|1, H, N, D/2)`` or None → ``qh, kh, vh (B, H, N, D)``,
-    ``log_m2 (B, H, N)``.
+
+def _log_noise_table(times, mu_r, sigma_t2, eta_t2, causal):
+    """``log c(|t_i − t_j|)`` per head, ``(B|1, H, N, N)``, ``+inf`` above the diagonal if causal.
+
+    It does not depend on the batch when the times do not, so the transcendental work of the
+    precision is ``H·N²`` however large the batch; gradients reach the three parameters through it.
     """
-    qh, _ = _unit(q)
-    kh, k_m2 = _unit(k)
-    vh = _unit(v)[0] if normalize_values else v
-    log_m2 = torch.log(k_m2.clamp_min(torch.finfo(k_m2.dtype).tiny))  # |k| = 0 stays finite
-    if angles is not None:  # ⟨R(−t_i) q̂_i, R(−t_j) k̂_j⟩ = ⟨q̂_i, R(t_i − t_j) k̂_j⟩
-        qh, kh, vh = (rotate_pairs(x, -angles) for x in (qh, kh, vh))
-    return qh, kh, vh, log_m2
+    t = times if times.dim() == 2 else times.unsqueeze(0)  # (B|1, N)
+    dt = (t[:, None, :, None] - t[:, None, None, :]).abs()  # (B|1, 1, N, N)
+    heads = [p.view(1, -1, 1, 1) for p in (mu_r, sigma_t2, eta_t2)]
+    log_c = torch.log(rt_noise_variance(dt, *heads))
+    if causal:
+        n = t.shape[-1]
+        log_c = log_c.masked_fill(torch.ones(n, n, dtype=torch.bool, device=t.device).triu(1), math.inf)
+    return log_c
 
 
-def _finish(out, angles):
-    """Rotate ``Σ_j A_ij R(−t_j) v̂_j`` back to each query's own frame: ``(B, H, N, D)``."""
-    return rotate_pairs(out, angles)
+def _dense_weights(dm1, log_m2, log_c, beta):
+    """The dense path's ``P = softmax(log κ + β κ (dot − 1))``, ``(B, H, N, N)``, from ``dm1 = dot − 1``.
+
+    Weights below the dtype's smallest normal number are set to 0: they change no sum at any
+    precision, and subnormal operands slow every later multiplication severalfold (the cost would
+    otherwise depend on how spread the logits are, i.e. on the key magnitudes).
+    """
+    b_kappa = torch.exp(log_m2)[..., None, :] * (beta.view(-1, 1, 1) * torch.exp(-log_c))  # β κ
+    logits = (log_m2[..., None, :] - log_c).addcmul_(b_kappa, dm1)
+    return F.threshold_(torch.softmax(logits, dim=-1), torch.finfo(dm1.dtype).tiny, 0.0)
 
 
-def _prepare_separable(q, k, v, angles, normalize_values, mu_r, eta_t2, beta):
+def _dense_weights_backward(dp, p, dm1, log_m2, log_c, beta, reduce_table: bool):
+    """``(∂/∂dot, ∂/∂log m² (B, H, N), ∂/∂log c (like log_c), ∂/∂β (H,))`` from ``dP = ∂/∂P``."""
+    ds = torch._softmax_backward_data(dp, p, -1, p.dtype)
+    d_dot = ds * (torch.exp(log_m2)[..., None, :] * (beta.view(-1, 1, 1) * torch.exp(-log_c)))
+    through_kappa = d_dot * dm1  # A = dS β κ (dot − 1)
+    total = ds + through_kappa  # G, the total through log κ
+    d_c = -(total.sum(0, keepdim=True) if reduce_table else total)
+    return d_dot, total.sum(-2), d_c, through_kappa.sum((0, 2, 3)) / beta
+
+
+_DENSE_FORWARD, _DENSE_BACKWARD = MaybeCompiled(_dense_weights), MaybeCompiled(_dense_weights_backward)
+
+
+class _DenseRT(torch.autograd.Function):
+    """RT-Filter attention on one ``N × N`` tile per head, with a hand-written backward.
+
+    With ``a = log κ = log m²_j − log c_ij`` and ``bκ = β κ``: ``s = a + bκ (⟨q̂, k̂⟩ − 1)``,
+    ``P = softmax(s)``, ``O = P V``. Backward, with ``dS = P ⊙ (dP − rowsum(dP ⊙ P))``:
+    ``∂/∂dot = dS ⊙ bκ``; ``A = dS ⊙ bκ ⊙ (dot − 1)`` is the part through ``κ``, ``G = dS + A`` the
+    total through ``log κ``, so ``∂/∂log m²_j = Σ_i G``, ``∂/∂log c = −G``, ``∂/∂β = Σ A / β``.
+    Masked entries have ``log c = +inf``: ``a = −inf``, ``bκ = 0``, and every gradient there is 0.
+    Saves ``P`` and ``dot − 1``; the elementwise work runs compiled for large problems.
+    """
+
+    @staticmethod
+    def forward(ctx, qh, kh, vh, log_m2, log_c, beta, use_compile):
+        # qh, kh, vh (B, H, N, D); log_m2 (B, H, N); log_c (B|1, H, N, N); beta (H,)
+        dm1 = torch.matmul(qh, kh.transpose(-1, -2)).sub_(1)  # ⟨q̂, k̂⟩ − 1, (B, H, N, N)
+        p = _DENSE_FORWARD(use_compile, dm1, log_m2, log_c, beta)
+        ctx.use_compile = use_compile
+        ctx.save_for_backward(qh, kh, vh, log_m2, log_c, beta, p, dm1)
+        return torch.matmul(p, vh)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        qh, kh, vh, log_m2, log_c, beta, p, dm1 = ctx.saved_tensors
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        dv = torch.matmul(p.transpose(-1, -2), grad_out) if need_v else None
+        dp = torch.matmul(grad_out, vh.transpose(-1, -2))
+        reduce_table = log_c.shape[0] == 1 and p.shape[0] > 1
+        d_dot, d_m2, d_c, d_beta = _DENSE_BACKWARD(
+            ctx.use_compile, dp, p, dm1, log_m2, log_c, beta, reduce_table
+        )
+        dq = torch.matmul(d_dot, kh) if need_q else None
+        dk = torch.matmul(d_dot.transpose(-1, -2), qh) if need_k else None
+        return dq, dk, dv, d_m2, d_c, d_beta, None
+
+
+def _separable(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
+    folded = _FOLD_SEPARABLE(use_compile, qh, kh, vh, log_m2, mu_r, eta_t2, beta)
+    return _sdpa(*folded, qh.shape[-1], is_causal=causal)
+
+
+def _fold_separable(qh, kh, vh, log_m2, mu_r, eta_t2, beta):
     """Folded SDPA inputs for σ_t² = 0: ``[β q̂, 1, 0] · [κ k̂, log κ − β κ, 0] = logit``, each
     ``(B, H, N, D + 2)``, and the values zero-padded to the same width."""
-    qh, kh, vh, log_m2 = _prepare(q, k, v, angles, normalize_values)
     # μ_r acts only through σ_t²: with σ_t² = 0 its gradient is exactly zero; the 0·μ_r term keeps
     # it connected so that optimisers and DDP see a (zero) gradient.
     log_kappa = log_m2 - torch.log(eta_t2).view(1, -1, 1) + 0 * mu_r.view(1, -1, 1)  # (B, H, N)
@@ -269,17 +567,106 @@ def _sdpa(qx: Tensor, kx: Tensor, vx: Tensor, d: int, *, is_causal=False, mask=N
 
 
 def _blockwise(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
-    return blockwise_attention(
+    t = times if times.dim() == 2 else times.unsqueeze(0)
+    return torch.ops.geoattn.rt_blockwise(
+        qh, kh, vh, log_m2, t, mu_r, sigma_t2, eta_t2, beta, causal, use_compile
+    )[0]
+
+
+# The blockwise kernel as a custom operator: a compiled graph calls it whole (its Python loops and
+# compiled tiles run at call time) instead of tracing every tile, and the path stays fullgraph.
+@torch.library.custom_op("geoattn::rt_blockwise", mutates_args=())
+def _rt_blockwise_op(
+    qh: Tensor,
+    kh: Tensor,
+    vh: Tensor,
+    log_m2: Tensor,
+    times: Tensor,
+    mu_r: Tensor,
+    sigma_t2: Tensor,
+    eta_t2: Tensor,
+    beta: Tensor,
+    causal: bool,
+    use_compile: bool,
+) -> tuple[Tensor, Tensor]:
+    b, h, n, _ = qh.shape
+    return blockwise_forward(
+        _rt_score,
+        causal,
+        *default_blocks(b * h, n),
+        use_compile,
         qh,
         kh,
         vh,
-        score_fn=_rt_score,
-        times=times,
-        key_scalars=(log_m2,),
-        params=(mu_r, sigma_t2, eta_t2, beta),
-        causal=causal,
-        compile=use_compile,
+        times,
+        (),
+        (log_m2,),
+        (mu_r, sigma_t2, eta_t2, beta),
     )
+
+
+@_rt_blockwise_op.register_fake
+def _(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
+    return torch.empty_like(vh, memory_format=torch.contiguous_format), qh.new_empty(qh.shape[:-1])
+
+
+@torch.library.custom_op("geoattn::rt_blockwise_backward", mutates_args=())
+def _rt_blockwise_backward_op(
+    qh: Tensor,
+    kh: Tensor,
+    vh: Tensor,
+    log_m2: Tensor,
+    times: Tensor,
+    mu_r: Tensor,
+    sigma_t2: Tensor,
+    eta_t2: Tensor,
+    beta: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    causal: bool,
+    use_compile: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    b, h, n, _ = qh.shape
+    dq, dk, dv, _, (d_m2,), d_params = blockwise_backward(
+        _rt_score,
+        causal,
+        *default_blocks(b * h, n),
+        use_compile,
+        qh,
+        kh,
+        vh,
+        times,
+        (),
+        (log_m2,),
+        (mu_r, sigma_t2, eta_t2, beta),
+        out,
+        lse,
+        grad_out.contiguous(),
+        tile_backward=_RT_TILE_BACKWARD,
+    )
+    return dq, dk, dv, d_m2, *d_params
+
+
+@_rt_blockwise_backward_op.register_fake
+def _(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, out, lse, grad_out, causal, use_compile):
+    like = (qh, kh, vh, log_m2, mu_r, sigma_t2, eta_t2, beta)
+    return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in like)
+
+
+def _blockwise_setup(ctx, inputs, output):
+    *tensors, causal, use_compile = inputs
+    ctx.flags = (causal, use_compile)
+    ctx.save_for_backward(*tensors, *output)
+
+
+def _blockwise_grad(ctx, grad_out, grad_lse):
+    grads = torch.ops.geoattn.rt_blockwise_backward(*ctx.saved_tensors, grad_out, *ctx.flags)
+    dq, dk, dv, d_m2, *d_params = grads
+    return dq, dk, dv, d_m2, None, *d_params, None, None
+
+
+_rt_blockwise_op.register_autograd(_blockwise_grad, setup_context=_blockwise_setup)
 
 
 def _flex(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
@@ -313,41 +700,42 @@ def _compiled_flex(flex_attention):
     return _FLEX_CACHE["fn"]
 
 
-_PREPARE, _PREPARE_SEPARABLE, _FOLD_TIED, _FINISH = (
-    MaybeCompiled(f) for f in (_prepare, _prepare_separable, _fold_tied, _finish)
+_FOLD_SEPARABLE, _FOLD_TIED, _RT_TILE_BACKWARD = (
+    MaybeCompiled(f) for f in (_fold_separable, _fold_tied, _rt_tile_backward)
 )
 _PATHS = {
+    "separable": _separable,
     "tied": _sdpa_tied,
+    "dense": _dense,
     "blockwise": _blockwise,
     "flex": _flex,
 }
 
 
-def _choose_path(backend, device, times, mu_r, sigma_t2, eta_t2, causal) -> str:
-    if backend in ("blockwise", "flex"):
+def _choose_path(backend, structure, device, batch_heads, n, params, causal) -> str:
+    """The path of `_PATHS`, from static facts only (never from the values of a tensor)."""
+    if backend != "auto":
         return backend
-    if not sigma_t2.requires_grad and bool((sigma_t2 == 0).all()):
+    mu_r, sigma_t2, eta_t2, _ = params
+    if structure == "separable" and not sigma_t2.requires_grad:
         return "separable"
-    tied = torch.isclose(sigma_t2, 2 * mu_r * eta_t2, rtol=8 * torch.finfo(sigma_t2.dtype).eps, atol=0)
     process_grad = mu_r.requires_grad or sigma_t2.requires_grad or eta_t2.requires_grad
-    if causal and not process_grad and bool(tied.all()) and bool((times.diff(dim=-1) >= 0).all()):
+    if structure == "tied" and causal and not process_grad:
         return "tied"
+    if n <= DENSE_MAX_N and batch_heads * n * n <= DENSE_MAX_ELEMENTS:
+        return "dense"
     return "flex" if device.type == "cuda" else "blockwise"
 
 
 # ----------------------------------------------------------------------------------------------
-# Inputs.
+# Validation.
 
 
-def _unit(x: Tensor, eps: float = 1e-12) -> tuple[Tensor, Tensor]:
-    """``(x/|x|, |x|²)`` of ``(B, H, N, D)``; a zero vector maps to zero with finite gradients."""
-    m2 = (x * x).sum(-1)  # (B, H, N)
-    return x * torch.rsqrt(m2.clamp_min(eps * eps))[..., None], m2
-
-
-def _validate(q, k, v, mu_r, sigma_t2, eta_t2, beta, omega, positions, backend):
+def _validate(q, k, v, mu_r, sigma_t2, eta_t2, beta, omega, positions, backend, structure):
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if structure not in STRUCTURES:
+        raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor) or x.dim() != 4:
             raise ValueError(f"{name} must be a (B, H, N, D) tensor, got {_shape(x)}")
@@ -364,14 +752,6 @@ def _validate(q, k, v, mu_r, sigma_t2, eta_t2, beta, omega, positions, backend):
     for name, p in zip(("mu_r", "sigma_t2", "eta_t2", "beta"), params):
         if not isinstance(p, Tensor) or p.shape != (h,):
             raise ValueError(f"{name} must be a tensor of shape (H,) = ({h},), got {_shape(p)}")
-    for name, p, ok, rule in (
-        ("mu_r", mu_r, mu_r >= 0, "≥ 0"),
-        ("sigma_t2", sigma_t2, sigma_t2 >= 0, "≥ 0"),
-        ("eta_t2", eta_t2, eta_t2 > 0, "> 0"),
-        ("beta", beta, beta > 0, "> 0"),
-    ):
-        if not bool(ok.all()):
-            raise ValueError(f"{name} must be {rule} in every head, got {p.detach().cpu().tolist()}")
     if omega is not None and (not isinstance(omega, Tensor) or omega.shape != (h, d // 2)):
         raise ValueError(f"omega must have shape (H, D/2) = ({h}, {d // 2}), got {_shape(omega)}")
     if positions is not None:
@@ -381,7 +761,30 @@ def _validate(q, k, v, mu_r, sigma_t2, eta_t2, beta, omega, positions, backend):
             )
         if positions.is_complex() or positions.dtype == torch.bool:
             raise ValueError(f"positions must be real times, got dtype {positions.dtype}")
-    return params
+    if not torch.compiler.is_compiling():  # value checks read the parameters; compiled graphs skip them
+        _validate_values(mu_r, sigma_t2, eta_t2, beta, positions, structure)
+
+
+def _validate_values(mu_r, sigma_t2, eta_t2, beta, positions, structure):
+    for name, p, ok, rule in (
+        ("mu_r", mu_r, mu_r >= 0, "≥ 0"),
+        ("sigma_t2", sigma_t2, sigma_t2 >= 0, "≥ 0"),
+        ("eta_t2", eta_t2, eta_t2 > 0, "> 0"),
+        ("beta", beta, beta > 0, "> 0"),
+    ):
+        if not bool(ok.all()):
+            raise ValueError(f"{name} must be {rule} in every head, got {p.detach().cpu().tolist()}")
+    if structure == "separable" and not bool((sigma_t2 == 0).all()):
+        raise ValueError(f"structure='separable' needs sigma_t2 = 0, got {sigma_t2.detach().cpu().tolist()}")
+    if structure == "tied":
+        if positions is not None and not bool((positions.diff(dim=-1) >= 0).all()):
+            raise ValueError("structure='tied' needs non-decreasing positions")
+        tied = 2 * mu_r * eta_t2
+        if not bool(torch.isclose(sigma_t2, tied, rtol=8 * torch.finfo(sigma_t2.dtype).eps, atol=0).all()):
+            raise ValueError(
+                "structure='tied' needs sigma_t2 = 2 mu_r eta_t2, got sigma_t2 = "
+                f"{sigma_t2.detach().cpu().tolist()} and 2 mu_r eta_t2 = {tied.detach().cpu().tolist()}"
+            )
 
 
 def _shape(x) -> str:

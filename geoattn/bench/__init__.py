@@ -4,5 +4,6 @@ BENCHMARKS = {
     "algebra": "geoattn.bench.algebra",
     "attention": "geoattn.bench.attention",
     "rotor": "geoattn.bench.rotor",
+    "lm": "geoattn.bench.lm",
     "molecule": "geoattn.bench.molecule",
 }

@@ -32,6 +32,39 @@ def median_time(fn: Callable[[], object], *, repeats: int = 10, warmup: int = 2)
     return statistics.median(times)
 
 
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+"""``wall``: elapsed time. ``cpu``: the CPU time of this process (all its threads), which on a
+machine shared with other jobs excludes the time spent waiting for a core; with one thread it is
+the most repeatable measure there, with several it also counts threads spinning at barriers."""
+
+
+def interleaved_times(
+    fns: dict[str, Callable[[], object]], *, repeats: int = 10, warmup: int = 1, clock: str = "wall"
+) -> dict[str, list[float]]:
+    """Times in seconds of each ``fns[name]()``, ``repeats`` each, measured round-robin.
+
+    On a shared machine the load drifts over seconds; taking one repeat of every function in turn
+    exposes all of them to the same drift, so their ratios stay meaningful even when the absolute
+    times do not. ``warmup`` untimed calls of each come first. ``clock`` is a key of `CLOCKS`.
+    """
+    now = CLOCKS[clock]
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = now()
+            fn()
+            times[name].append(now() - t0)
+    return times
+
+
+def spread(seconds: list[float]) -> tuple[str, str, str]:
+    """``(min, median, max)`` of wall times, formatted in milliseconds."""
+    return ms(min(seconds)), ms(statistics.median(seconds)), ms(max(seconds))
+
+
 def peak_memory_bytes(fn: Callable[[], object], device: str | torch.device = "cpu") -> int:
     """Peak memory growth while running ``fn()`` once.
 

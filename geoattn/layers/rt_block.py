@@ -13,11 +13,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geoattn.algebra.rotation import rope_frequencies
-from geoattn.attention.rt_kernel import rt_attention
+from geoattn.attention.rt_kernel import rt_attention_qkv
 from geoattn.layers.common import (
     ScaledVector,
     check_heads,
@@ -26,7 +25,6 @@ from geoattn.layers.common import (
     filter_windows,
     merge_heads,
     normalize_,
-    split_heads,
 )
 from geoattn.layers.sphere import NormalizedSwiGLU, SphereBlock
 
@@ -136,23 +134,15 @@ class RTAttention(nn.Module):
             "beta": self.log_beta.exp(),
         }
 
-    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        check_input(x, self.n_embd)
-        q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).split(self.n_embd, dim=-1))
-        s_qk = self.s_qk().view(self.n_head, 1, self.head_dim)  # (H, 1, D)
-        k_dir = F.normalize(k * s_qk, dim=-1)
-        if self.magnitude_precision:
-            k_dir = k_dir * (torch.linalg.vector_norm(k, dim=-1, keepdim=True) * self.key_scale)
-        return q * s_qk, k_dir, v  # (B, H, T, D); the kernel normalises q (and v if qkv_norm)
-
     def _kernel(self, x: Tensor, positions: Tensor | None, backend: str, return_weights: bool):
-        q, k, v = self._qkv(x)
+        check_input(x, self.n_embd)
+        b, t, _ = x.shape
         if positions is not None:
             positions = default_positions(x, positions)
-        return rt_attention(
-            q,
-            k,
-            v,
+        return rt_attention_qkv(
+            self.c_attn(x).view(b, t, 3, self.n_head, self.head_dim),
+            metric=self.s_qk().view(self.n_head, self.head_dim),
+            key_scale=self.key_scale if self.magnitude_precision else None,
             **self.precision_parameters(),
             omega=self.omega,
             positions=positions,
@@ -160,6 +150,7 @@ class RTAttention(nn.Module):
             backend=backend,
             return_weights=return_weights,
             normalize_values=self.qkv_norm,
+            structure="general" if self.process_noise else "separable",
         )
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:

@@ -1,0 +1,104 @@
+"""The RT kernel, block and model under `torch.compile` (issue #13): whole graphs (``fullgraph=True``,
+so no value is read back to choose a path), and the compiled model computing what the eager one does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import geoattn.attention.rt_kernel as rt
+from geoattn.algebra.rotation import rope_frequencies
+from geoattn.attention.rt_kernel import rt_attention
+from geoattn.layers.rt_block import RTBlock
+from geoattn.models.lm import LMConfig, build_lm
+
+F64 = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _kernel_inputs(n=24, h=2, d=8, dtype=F64):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, n, d, generator=g, dtype=dtype) for _ in range(3))
+    k = k * (0.5 + 2 * torch.rand(2, h, n, 1, generator=g, dtype=dtype))
+    params = dict(
+        mu_r=torch.tensor([0.05, 0.3], dtype=dtype),
+        sigma_t2=torch.tensor([0.1, 0.02], dtype=dtype),
+        eta_t2=torch.tensor([1.0, 0.5], dtype=dtype),
+        beta=torch.tensor([2.0, 0.7], dtype=dtype),
+    )
+    return (q, k, v), params, rope_frequencies(d, h).to(dtype)
+
+
+@pytest.mark.parametrize(
+    ("structure", "dense_max_n"),
+    [("general", 512), ("general", 8), ("separable", 512)],
+    ids=["dense", "blockwise", "separable"],
+)
+def test_rt_attention_compiles_as_one_graph(structure, dense_max_n, monkeypatch):
+    """Every statically chosen path traces whole (the blockwise kernel as one custom operator), and
+    the compiled graph's values and gradients are the eager ones."""
+    monkeypatch.setattr(rt, "DENSE_MAX_N", dense_max_n)
+    qkv, params, omega = _kernel_inputs()
+    if structure == "separable":
+        params["sigma_t2"] = torch.zeros_like(params["sigma_t2"])
+    params = {
+        name: p.requires_grad_(name != "sigma_t2" or structure == "general") for name, p in params.items()
+    }
+
+    def attend(q, k, v):
+        return rt_attention(q, k, v, **params, omega=omega, structure=structure)
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    leaves = [x.clone().requires_grad_() for x in qkv]
+    out, out_c = attend(*leaves), compiled(*leaves)
+    torch.testing.assert_close(out_c, out, rtol=1e-12, atol=1e-12)
+    weights = torch.randn_like(out)
+    trainable = [*leaves, *(p for p in params.values() if p.requires_grad)]
+    grads = torch.autograd.grad((out * weights).sum(), trainable)
+    grads_c = torch.autograd.grad((out_c * weights).sum(), trainable)
+    for g, g_c in zip(grads, grads_c):
+        torch.testing.assert_close(g_c, g, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("process_noise", [True, False])
+def test_rt_block_compiles_as_one_graph(process_noise):
+    torch.manual_seed(0)
+    block = RTBlock(16, 2, process_noise=process_noise, learn_omega=True).double()
+    h = F.normalize(torch.randn(2, 12, 16, dtype=F64), dim=-1)
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    out, out_c = block(h), compiled(h)
+    torch.testing.assert_close(out_c, out, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(out.square().sum(), list(block.parameters()))
+    grads_c = torch.autograd.grad(out_c.square().sum(), list(block.parameters()))
+    for g, g_c in zip(grads, grads_c):
+        torch.testing.assert_close(g_c, g, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_compiled_rt_model_trains_like_the_eager_model():
+    """What the trainer's ``--compile`` runs (inductor): the same losses over a few AdamW steps."""
+    config = LMConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 65, (2, 4, 16), generator=g) for _ in range(3)]
+    losses = {}
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = build_lm("rt", config)
+        step_model = torch.compile(model) if compiled else model
+        optimizer = torch.optim.AdamW(model.optim_groups(0.0), lr=1e-2)
+        losses[compiled] = []
+        for x, y in batches:
+            _, loss = step_model(x, y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            model.normalize_weights()
+            losses[compiled].append(loss.item())
+    torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=1e-4, atol=1e-4)
