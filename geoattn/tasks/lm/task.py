@@ -74,6 +74,12 @@ class LMTask(Task):
     name: ClassVar[str] = "lm"
     models: ClassVar[dict[str, str]] = {**LM_MODELS, "rotor": ROTOR_LM_DESCRIPTION}
     Settings: ClassVar[type] = LMSettings
+    # the best learning rates of the sweep in experiments/lm-lr.toml (results/lm-lr.md), one seed
+    recipes: ClassVar[dict[str, dict[str, Any]]] = {
+        "transformer": {"lr": 1e-3},
+        "rt": {"lr": 4e-3},
+        "ngpt": {"lr": 4e-3},
+    }
     description: ClassVar[str] = "character-level language modelling on a UTF-8 text (nanoGPT's recipe)"
 
     def __init__(
