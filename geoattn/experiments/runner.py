@@ -59,9 +59,18 @@ def plan(spec: ExperimentSpec, runs: Path) -> list[RunPlan]:
 
 
 def run_one(
-    config: dict[str, Any], resume: bool, evaluate: bool, threads: int | None = None
+    config: dict[str, Any],
+    resume: bool,
+    evaluate: bool,
+    threads: int | None = None,
+    stop_file: str | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume) one run in this process; evaluate it if asked. Returns its summary."""
+    """Train (or resume) one run in this process; evaluate it if asked. Returns its summary.
+
+    A queued run whose ``stop_file`` exists returns ``{"skipped": True}`` at once (the suite was
+    interrupted while it waited in a worker's queue)."""
+    if stop_file is not None and Path(stop_file).exists():
+        return {"skipped": True, "interrupted": True, "iter": None}
     import torch
 
     from geoattn.tasks import get_task
@@ -133,13 +142,18 @@ def execute(
     threads = max(1, (os.cpu_count() or 1) // jobs)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
+    stop = Path(plans[0].out).parents[1] / f".stop-{os.getpid()}"  # RUNS/.stop-PID
+    stop.unlink(missing_ok=True)
     try:
         futures = {}
         for index, p in enumerate(todo, 1):
-            futures[pool.submit(run_one, p.config, p.status != "new", spec.evaluate, threads)] = (index, p)
+            job = (p.config, p.status != "new", spec.evaluate, threads, str(stop))
+            futures[pool.submit(run_one, *job)] = (index, p)
         for future in as_completed(futures):
             index, p = futures[future]
             summary = future.result()
+            if summary.get("skipped"):
+                continue
             if summary.get("interrupted"):
                 stopped = f"interrupted at iter {summary['iter']} (checkpoint saved)"
                 print_line(_line(index, total, p, stopped))
@@ -147,12 +161,15 @@ def execute(
             print_line(_line(index, total, p, "done  " + _outcome(summary, spec.metrics)))
     except KeyboardInterrupt:
         # Ctrl-C reaches the workers too; a SIGTERM to this process only: pass it on, so every
-        # running trainer saves its checkpoint and stops (no orphaned worker keeps training)
+        # running trainer saves its checkpoint and stops, and runs already queued in a worker
+        # see the stop file and return without training (no orphaned worker keeps training)
+        stop.touch()
         for worker in list(pool._processes.values()):
             worker.terminate()
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+        stop.unlink(missing_ok=True)
     pool.shutdown(wait=True)
     sys.stdout.flush()
