@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from geoattn.errors import ConfigError
-from geoattn.training.config import FIELDS, build_config
+from geoattn.training.config import FIELDS, TrainConfig, build_config
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -196,10 +196,16 @@ def load_spec(name: str) -> ExperimentSpec:
     return spec
 
 
+# fields that do not change what a run computes: left out of its directory's key
+NOT_KEYED = ("out", "seed", "logger", "plots", "log_interval")
+
+
 def cell_dir(runs: Path, config: dict[str, Any]) -> Path:
-    """Where a run lives: ``RUNS/TASK-MODEL-HASH/seed_SEED``, HASH a digest of every TrainConfig field
-    but ``out`` and ``seed``. Experiments that share a setting (the baseline of an ablation, the clean
-    cell of a noise sweep) therefore share its runs instead of training them twice."""
-    keyed = {k: v for k, v in config.items() if k not in ("out", "seed")}
+    """Where a run lives: ``RUNS/TASK-MODEL-HASH/seed_SEED``, HASH a digest of the TrainConfig fields
+    that differ from their defaults (but ``NOT_KEYED``). Experiments that share a setting (the baseline
+    of an ablation, the clean cell of a noise sweep) therefore share its runs instead of training them
+    twice, and a new TrainConfig field with a default leaves existing runs where they are."""
+    defaults = TrainConfig().to_dict()
+    keyed = {k: v for k, v in config.items() if k not in NOT_KEYED and v != defaults.get(k, object())}
     digest = hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return runs / f"{config['task']}-{config['model']}-{digest}" / f"seed_{config['seed']}"
