@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rotor-set",
         nargs="*",
         default=["n_layer=3", "n_head=4", "n_embd=128", "lr=2e-3", "weight_decay=0.0", "warmup_iters=100"],
-        help="TrainConfig fields of the rotor run (KEY=VALUE)",
+        help="the rotor run's TrainConfig fields (KEY=VALUE) and task / model settings (task.KEY=VALUE, "
+        "model.KEY=VALUE)",
     )
     parser.add_argument("--mace-channels", type=int, default=32, help="MACE channels (paper: 256)")
     parser.add_argument("--schnet-width", type=int, default=64, help="SchNet n_atom_basis (published: 128)")
@@ -112,22 +113,25 @@ def _split_metrics(task: MoleculeTask, predict) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------- rotor ----
 def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """geoattn's trainer on the task, ``epochs · n_train / batch`` steps of batch 10."""
-    from geoattn.training.config import TrainConfig, coerce
+    from geoattn.tasks import get_task
+    from geoattn.training.config import TrainConfig, parse_set
     from geoattn.training.trainer import Trainer
 
-    fields = {}
-    for item in args.rotor_set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--rotor-set takes KEY=VALUE, got {item!r}")
-        fields[key] = coerce(key, value)
+    fields = parse_set(args.rotor_set)  # as `geoattn train --set`: fields, task.KEY, model.KEY
+    options = {"task": fields.pop("task_options", {}), "model": fields.pop("model_options", {})}
     batch = fields.pop("batch_size", 10)
     steps = max(1, args.epochs * len(task.indices["train"]) // batch)
     config = TrainConfig(
         task="molecule",
         model="rotor",
         data=args.data,
-        task_options={"name": task.config.name, "n_train": args.n_train, "n_val": args.n_val},
+        task_options={
+            "name": task.config.name,
+            "n_train": args.n_train,
+            "n_val": args.n_val,
+            **options["task"],
+        },
+        model_options=options["model"],
         batch_size=batch,
         max_iters=steps,
         eval_interval=steps,
@@ -139,7 +143,8 @@ def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[s
         **fields,
     )
     torch.manual_seed(args.seed)
-    trainer = Trainer(config, task, out, verbose=False)
+    # the run's own task: task.* settings (the embedding, the loss weights) live in the task's config
+    trainer = Trainer(config, get_task(config), out, verbose=False)
     result = trainer.train()
     model = trainer.model
     return {
@@ -168,6 +173,7 @@ def run_mace(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[st
     """``mace_run_train`` on extended-XYZ exports of the three splits, then our evaluation of its model."""
     require("mace")
     ase_io = require("ase.io")
+    out = out.resolve()  # mace_run_train runs in `out`: every path it gets must be absolute
     out.mkdir(parents=True, exist_ok=True)
     files = {}
     for split in ("train", "val", "test"):

@@ -38,6 +38,7 @@ class MoleculeModelConfig:
         elements: atomic numbers the model knows (the data set's), in embedding order.
         cutoff: radius (Å) of the radial embedding; pairs beyond it do not enter it.
         n_rbf: Bessel radial basis functions.
+        interactions: radial message-passing updates of the scalars before the transformer.
         vectors: equivariant vector channels from the radial message (besides the centred position).
         energy_weight, force_weight: the loss ``w_E · mean(ΔE²) + w_F · mean(ΔF²)`` (eV², (eV/Å)²).
     """
@@ -46,6 +47,7 @@ class MoleculeModelConfig:
     elements: tuple[int, ...]
     cutoff: float = 5.0
     n_rbf: int = 8
+    interactions: int = 1
     vectors: int = 4
     energy_weight: float = 0.01
     force_weight: float = 0.99
@@ -56,10 +58,10 @@ class MoleculeModelConfig:
             raise ConfigError(
                 f"MoleculeModelConfig.elements must be atomic numbers 1..118, got {self.elements}"
             )
-        if self.cutoff <= 0 or self.n_rbf < 1 or self.vectors < 1:
+        if self.cutoff <= 0 or self.n_rbf < 1 or self.vectors < 1 or self.interactions < 0:
             raise ConfigError(
-                f"MoleculeModelConfig: cutoff > 0, n_rbf ≥ 1 and vectors ≥ 1 needed, got {self.cutoff}, "
-                f"{self.n_rbf}, {self.vectors}"
+                f"MoleculeModelConfig: cutoff > 0, n_rbf ≥ 1, vectors ≥ 1, interactions ≥ 0 needed, got "
+                f"{self.cutoff}, {self.n_rbf}, {self.vectors}, {self.interactions}"
             )
         if self.energy_weight < 0 or self.force_weight < 0 or self.energy_weight + self.force_weight == 0:
             raise ConfigError(
@@ -78,45 +80,67 @@ def pair_geometry(positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return rel, dist, ~eye
 
 
-def bessel_basis(dist: Tensor, cutoff: float, n_rbf: int) -> Tensor:
-    """``sqrt(2/c) sin(kπd/c)/d`` for k = 1..n_rbf, times the envelope ``1 − 6u⁵ + 15u⁴ − 10u³`` (u = d/c)
-    that is C² at the cut-off and 0 beyond: ``(...)`` → ``(..., n_rbf)``."""
+def bessel_basis(dist: Tensor, cutoff: float, n_rbf: int) -> tuple[Tensor, Tensor]:
+    """The radial basis ``sqrt(2/c) sin(kπd/c)/d`` (k = 1..n_rbf) ``(..., n_rbf)`` and the envelope
+    ``1 − 6u⁵ + 15u⁴ − 10u³`` (u = d/c) ``(..., 1)``, C² at the cut-off c and 0 beyond (DimeNet, MACE)."""
     k = torch.arange(1, n_rbf + 1, dtype=dist.dtype, device=dist.device)
     d = dist[..., None]
     u = (d / cutoff).clamp(max=1.0)
     envelope = 1 - 6 * u**5 + 15 * u**4 - 10 * u**3
-    return math.sqrt(2 / cutoff) * torch.sin(k * math.pi * d / cutoff) / d * envelope
+    return math.sqrt(2 / cutoff) * torch.sin(k * math.pi * d / cutoff) / d, envelope
+
+
+class RadialFilter(nn.Module):
+    """A filter ``(..., n_rbf)`` → ``(..., out)``: an MLP of the radial basis times the envelope (so it
+    vanishes smoothly at the cut-off whatever the MLP's biases), as SchNet's filter-generating network."""
+
+    def __init__(self, n_rbf: int, hidden: int, out: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(n_rbf, hidden), nn.SiLU(), nn.Linear(hidden, out))
+
+    def forward(self, basis: Tensor, envelope: Tensor) -> Tensor:
+        return self.net(basis) * envelope
 
 
 class AtomEnvironment(nn.Module):
-    """One radial message pass: invariant scalars and equivariant vectors of each atom's neighbourhood.
+    """Radial message passing: invariant scalars and equivariant vectors of each atom's neighbourhood.
 
-    ``s_i = h(z_i) + Σ_j W(d_ij) ⊙ h(z_j) / n``, ``v_ic = Σ_j U(d_ij)_c G(h(z_j))_c r_ij / n`` (n the mean
-    neighbour count constant N − 1; W, U linear in the radial basis, G linear in the type embedding).
+    ``h⁰_i = embed(z_i)``; ``interactions`` SchNet-style updates
+    ``h_i ← h_i + MLP(Σ_j W_k(d_ij) ⊙ A_k h_j / n)``; then ``v_ic = Σ_j U(d_ij)_c G(h_j)_c r_ij / n``
+    (W, U radial filters, A, G linear, n = N − 1). The vectors are equivariant (sums of relative
+    positions with invariant weights), the scalars invariant.
 
     forward(positions ``(B, N, 3)``, types ``(B, N)`` long)
     → (scalars ``(B, N, S)``, vectors ``(B, N, V, 3)``).
     """
 
-    def __init__(self, n_types: int, scalars: int, vectors: int, cutoff: float, n_rbf: int):
+    def __init__(
+        self, n_types: int, scalars: int, vectors: int, cutoff: float, n_rbf: int, interactions: int = 1
+    ):
         super().__init__()
+        S = scalars
         self.cutoff, self.n_rbf = cutoff, n_rbf
-        self.embed = nn.Embedding(n_types, scalars)
-        self.scalar_filter = nn.Linear(n_rbf, scalars)
-        self.vector_filter = nn.Linear(n_rbf, vectors)
-        self.vector_gate = nn.Linear(scalars, vectors)
+        self.embed = nn.Embedding(n_types, S)
+        self.filters = nn.ModuleList(RadialFilter(n_rbf, S, S) for _ in range(interactions))
+        self.inputs = nn.ModuleList(nn.Linear(S, S, bias=False) for _ in range(interactions))
+        self.updates = nn.ModuleList(
+            nn.Sequential(nn.Linear(S, S), nn.SiLU(), nn.Linear(S, S)) for _ in range(interactions)
+        )
+        self.vector_filter = RadialFilter(n_rbf, S, vectors)
+        self.vector_gate = nn.Linear(S, vectors)
 
     def forward(self, positions: Tensor, types: Tensor) -> tuple[Tensor, Tensor]:
         rel, dist, off = pair_geometry(positions)
-        basis = bessel_basis(dist, self.cutoff, self.n_rbf) * off[..., None].to(dist.dtype)  # (B, N, N, K)
-        h = self.embed(types).to(positions.dtype)  # (B, N, S)
+        basis, envelope = bessel_basis(dist, self.cutoff, self.n_rbf)  # (B, N, N, K), (B, N, N, 1)
+        envelope = envelope * off[..., None].to(dist.dtype)  # no self-pairs
         norm = 1.0 / max(positions.shape[1] - 1, 1)
-        w = self.scalar_filter(basis) * off[..., None].to(dist.dtype)  # (B, N, N, S); 0 on the diagonal
-        scalars = h + norm * torch.einsum("bijs,bjs->bis", w, h)
-        u = self.vector_filter(basis) * off[..., None].to(dist.dtype)  # (B, N, N, V)
-        g = self.vector_gate(h)  # (B, N, V)
-        vectors = norm * torch.einsum("bijv,bjv,bijx->bivx", u, g, rel)
-        return scalars, vectors
+        h = self.embed(types).to(positions.dtype)  # (B, N, S)
+        for filt, inp, update in zip(self.filters, self.inputs, self.updates):
+            message = norm * torch.einsum("bijs,bjs->bis", filt(basis, envelope), inp(h))
+            h = h + update(message)
+        u = self.vector_filter(basis, envelope)  # (B, N, N, V)
+        vectors = norm * torch.einsum("bijv,bjv,bijx->bivx", u, self.vector_gate(h), rel)
+        return h, vectors
 
 
 class MoleculeRotor(TaskModel):
@@ -148,7 +172,12 @@ class MoleculeRotor(TaskModel):
         self.register_buffer("energy_shift", torch.tensor(float(energy_shift), dtype=torch.float64))
         self.register_buffer("energy_scale", torch.tensor(float(energy_scale), dtype=torch.float64))
         self.environment = AtomEnvironment(
-            len(config.elements), rc.in_scalars, config.vectors, config.cutoff, config.n_rbf
+            len(config.elements),
+            rc.in_scalars,
+            config.vectors,
+            config.cutoff,
+            config.n_rbf,
+            config.interactions,
         )
         self.model = RotorTransformer(rc)
         self.algebra = self.model.algebra

@@ -49,7 +49,7 @@ class MoleculeConfig:
         frames, stride, equilibration, temperature, md_seed: the trajectory (TrajectorySettings).
         n_train, n_val: rMD17's split sizes (random, ``split_seed``); the rest of the frames is test.
         split_seed: seed of the split permutation.
-        cutoff, n_rbf, vectors: the radial embedding (MoleculeModelConfig).
+        cutoff, n_rbf, interactions, vectors: the radial embedding (MoleculeModelConfig).
         energy_weight, force_weight: loss weights on the energy and force MSE (SchNetPack's MD17 recipe).
     """
 
@@ -65,6 +65,7 @@ class MoleculeConfig:
     split_seed: int = 0
     cutoff: float = 5.0
     n_rbf: int = 8
+    interactions: int = 1
     vectors: int = 4
     energy_weight: float = 0.01
     force_weight: float = 0.99
@@ -173,6 +174,7 @@ class MoleculeTask(Task):
             elements=elements,
             cutoff=c.cutoff,
             n_rbf=c.n_rbf,
+            interactions=c.interactions,
             vectors=c.vectors,
             energy_weight=c.energy_weight,
             force_weight=c.force_weight,
