@@ -62,28 +62,41 @@ def _rel(x, y):
 
 
 # ------------------------------------------------------------------------------------ contract
-def _clifford_oracle(q, k, v, head_type):
-    """One head of §4.1 written with the `clifford` package, pair by pair (numpy float64)."""
+def _clifford_queries(q, k):
+    """§4.1's weights and directions with the `clifford` package (numpy float64), query by query:
+    yields ``(i, alpha (N,), a, [b_j])``; also returns the MultiVector constructor."""
     layout, _ = clifford.Cl(3)
     mv = lambda x: layout.MultiVector(value=np.asarray(x, dtype=float))  # noqa: E731
     N, C = q.shape[0], q.shape[1]
     vec = lambda x: mv(np.concatenate([[0.0], x.sum(0)[1:4], np.zeros(4)]))  # noqa: E731
-    unit = lambda x: x / math.sqrt((x * x)[()])  # noqa: E731
+    b = [_unit(vec(k[j])) for j in range(N)]
+
+    def queries():
+        for i in range(N):
+            logits = np.array([sum((~mv(q[i, c]) * mv(k[j, c]))[()] for c in range(C)) for j in range(N)])
+            alpha = np.exp((logits - logits.max()) / math.sqrt(C * 8))
+            yield i, alpha / alpha.sum(), _unit(vec(q[i])), b
+
+    return mv, queries()
+
+
+def _unit(x):
+    return x / math.sqrt((x * x)[()])
+
+
+def _clifford_oracle(q, k, v, head_type):
+    """One head of §4.1 written with the `clifford` package, pair by pair (numpy float64)."""
+    mv, queries = _clifford_queries(q, k)
     out = np.zeros(v.shape)
-    for i in range(N):
-        logits = np.array([sum((~mv(q[i, c]) * mv(k[j, c]))[()] for c in range(C)) for j in range(N)])
-        alpha = np.exp(logits / math.sqrt(C * 8) - logits.max() / math.sqrt(C * 8))
-        alpha /= alpha.sum()
-        a = unit(vec(q[i]))
-        for j in range(N):
-            b = unit(vec(k[j]))
+    for i, alpha, a, keys in queries:
+        for j, b in enumerate(keys):
             for c in range(v.shape[1]):
                 x = mv(v[j, c])
                 if head_type == "rotation":
                     R = (1 + b * a) / math.sqrt(2 * (1 + (a * b)[()]))
                     y = R * x * ~R
                 elif head_type == "reflection":
-                    n = unit(a - b)
+                    n = _unit(a - b)
                     y = n * x.gradeInvol() * n
                 else:
                     y = (x << b) * b.inv()
@@ -125,23 +138,19 @@ CASES = [
     "ga,head_type,causal,inverse", CASES, ids=lambda x: repr(x) if isinstance(x, CliffordAlgebra) else str(x)
 )
 def test_reference_equals_auto_values_and_gradients(ga, head_type, causal, inverse):
+    _assert_backends_agree(ga, head_type, causal=causal, inverse=inverse)
+
+
+def _assert_backends_agree(ga, head_type, **options):
+    """reference == auto (one query block and three) in float64 ≤ 1e-10, values and gradients."""
     outs = {}
     for backend, chunk in (("reference", None), ("auto", None), ("auto", 3)):  # chunk 3: three query blocks
         q, k, v = _conditioned_qkv(ga, head_type, seed=1, B=1, N=5, grad=True)
         out = rotor_attention(
-            q,
-            k,
-            v,
-            algebra=ga,
-            head_type=head_type,
-            causal=causal,
-            backend=backend,
-            inverse=inverse,
-            chunk_size=chunk,
+            q, k, v, algebra=ga, head_type=head_type, backend=backend, chunk_size=chunk, **options
         )
         weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
-        grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
-        outs[(backend, chunk)] = (out.detach(), grads)
+        outs[(backend, chunk)] = (out.detach(), torch.autograd.grad((out * weight).sum(), (q, k, v)))
     ref_out, ref_grads = outs[("reference", None)]
     for key in (("auto", None), ("auto", 3)):
         out, grads = outs[key]
@@ -201,22 +210,26 @@ def test_auto_runs_in_query_chunks_without_pair_tensors(monkeypatch):
 @pytest.mark.parametrize("head_type,sign", [("rotation", -1.0), ("reflection", 1.0)])
 def test_guard_at_exactly_antiparallel_directions(head_type, sign):
     """k = ∓q makes every diagonal pair exactly antiparallel (rotation) / equal (reflection)."""
+    _assert_finite_and_backends_agree(sign, head_type=head_type)
+    # the guarded pair contributes nothing: with a single token the output is exactly 0
+    q1, _, v1 = _qkv(CL3, N=1, seed=4)
+    for backend in ("reference", "auto"):
+        out = rotor_attention(q1, sign * q1, v1, algebra=CL3, head_type=head_type, backend=backend)
+        assert out.abs().max() < 1e-6
+
+
+def _assert_finite_and_backends_agree(sign, **options):
+    """k = sign · q: values and gradients finite with both backends, which agree to 1e-6."""
     results = []
     for backend in ("reference", "auto"):
         q, _, v = _qkv(CL3, N=5, grad=True, seed=3)
-        k = sign * q
-        out = rotor_attention(q, k, v, algebra=CL3, head_type=head_type, backend=backend)
+        out = rotor_attention(q, sign * q, v, algebra=CL3, backend=backend, **options)
         grads = torch.autograd.grad(out.square().sum(), (q, v))
         assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
         results.append((out, grads))
     assert _rel(results[1][0], results[0][0]) < 1e-6
     for g, rg in zip(results[1][1], results[0][1]):
         assert _rel(g, rg) < 1e-6
-    # the guarded pair contributes nothing: with a single token the output is exactly 0
-    q1, _, v1 = _qkv(CL3, N=1, seed=4)
-    for backend in ("reference", "auto"):
-        out = rotor_attention(q1, sign * q1, v1, algebra=CL3, head_type=head_type, backend=backend)
-        assert out.abs().max() < 1e-6
 
 
 def test_low_precision_inputs_keep_their_dtype():
@@ -251,6 +264,167 @@ def test_equivariance_under_rotations_and_reflections(ga, head_type, dtype, tol)
         assert _rel(moved, expected) < tol, (n_vectors, backend)
 
 
+# ---------------------------------------------------------------------------- compose (SPEC §2.5)
+def _compose_oracle(q, k, v):
+    """One compose head written with the `clifford` package (numpy float64): θ from arccos, B̂ from the
+    normalised wedge, the mean rotor from cos / sin of the mean bivector's size."""
+    mv, queries = _clifford_queries(q, k)
+    out = np.zeros(v.shape)
+    for i, alpha, a, keys in queries:
+        mean = 0 * a
+        for j, b in enumerate(keys):
+            plane = b ^ a
+            mean = mean + alpha[j] * math.acos((a * b)[()]) * plane / abs(plane)
+        half = abs(mean) / 2
+        rotor = math.cos(half) + math.sin(half) * mean / abs(mean)
+        for c in range(v.shape[1]):
+            mean_value = sum(alpha[j] * mv(v[j, c]) for j in range(len(keys)))
+            out[i, c] = (rotor * mean_value * ~rotor).value
+    return out
+
+
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+def test_compose_matches_clifford_package(backend):
+    q, k, v = _qkv(CL3, B=1, H=1, N=4, C=2, Cv=2)
+    out = rotor_attention(q, k, v, algebra=CL3, aggregation="compose", backend=backend)
+    expected = _compose_oracle(q[0, 0].numpy(), k[0, 0].numpy(), v[0, 0].numpy())
+    np.testing.assert_allclose(out[0, 0].numpy(), expected, rtol=0, atol=1e-12)
+
+
+def test_pair_rotor_is_exp_of_half_log_and_log_scale_is_smooth():
+    """``exp(½ f(⟨a, b⟩) (b ∧ a)) = (1 + b a) / sqrt(2(1 + ⟨a, b⟩))``, the rotation head's rotor, also
+    in the Taylor band next to c = 1; f and its derivative are continuous where the branches meet."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.nn.functional.normalize(torch.randn(400, 3, generator=g, dtype=torch.float64), dim=-1)
+    b = torch.nn.functional.normalize(torch.randn(400, 3, generator=g, dtype=torch.float64), dim=-1)
+    b[:100] = torch.nn.functional.normalize(a[:100] + 1e-5 * b[:100], dim=-1)  # nearly parallel
+    A, Bv = CL3.vector(a), CL3.vector(b)
+    dot = (a * b).sum(-1)
+    rotor = CL3.exp(0.5 * rotor_module.rotor_log_scale(dot)[:, None] * CL3.outer_product(Bv, A))
+    one = CL3.vector(torch.zeros(3, dtype=torch.float64)).index_fill(0, torch.tensor([0]), 1.0)
+    expected = (one + CL3.geometric_product(Bv, A)) / torch.sqrt(2 * (1 + dot))[:, None]
+    keep = 1 + dot > 1e-3  # the closed form itself is ill-conditioned next to antiparallel
+    torch.testing.assert_close(rotor[keep], expected[keep], rtol=0, atol=1e-12)
+    for dtype in (torch.float64, torch.float32):  # values continuous at both band edges, C¹ at c = 1 − g
+        gap = rotor_module.guard_eps(dtype)
+        for edge, smooth in ((1 - gap, True), (-1 + gap, False)):
+            c = torch.tensor([edge * (1 - 1e-3 * gap), edge, edge * (1 + 1e-3 * gap)], dtype=torch.float64)
+            c = c.to(dtype).requires_grad_()
+            f = rotor_module.rotor_log_scale(c)
+            (df,) = torch.autograd.grad(f.sum(), c)
+            assert (f.max() - f.min()) / f.mean() < 1e-3 and torch.isfinite(df).all()
+            assert not smooth or (df.max() - df.min()).abs() < 1e-2 * df.abs().max()
+    c = torch.tensor([1.0, -1.0, 1 + 1e-16, -1 - 1e-16], dtype=torch.float64, requires_grad=True)
+    f = rotor_module.rotor_log_scale(c)
+    (df,) = torch.autograd.grad(f.sum(), c)
+    assert f[0] == 1 and torch.isfinite(f).all() and torch.isfinite(df).all()
+
+
+COMPOSE_CASES = [
+    (ga, causal, inverse) for ga in (CL3, CL2, PGA) for causal in (False, True) for inverse in (False, True)
+]
+
+
+@pytest.mark.parametrize(
+    "ga,causal,inverse", COMPOSE_CASES, ids=lambda x: repr(x) if isinstance(x, CliffordAlgebra) else str(x)
+)
+def test_compose_reference_equals_auto_values_and_gradients(ga, causal, inverse):
+    _assert_backends_agree(ga, "rotation", causal=causal, inverse=inverse, aggregation="compose")
+
+
+def test_compose_equals_sum_when_the_rotors_agree():
+    """All keys with one direction: every R_ij = R_i, so R̄_i = R_i and both aggregations agree."""
+    q, k, v = _qkv(CL3, N=6)
+    k[..., 1:4] = k[..., :1, :, 1:4]  # the same vector parts for every key (other blades differ)
+    outs = [rotor_attention(q, k, v, algebra=CL3, aggregation=agg) for agg in ("sum", "compose")]
+    assert _rel(outs[1], outs[0]) < 1e-12
+
+
+EAGER_CL3 = CliffordAlgebra(3, compile=False)  # 2000 × 64 pairs would compile the engine's kernels
+
+
+def _ordered_product(ga, logs, alpha):
+    """``∏_j exp(½ α_j θ_j B̂_j)`` in key order (j = 0 leftmost): logs ``(T, N, dim)``, alpha ``(T, N)``."""
+    product = ga.exp(alpha[:, 0, None] * logs[:, 0] / 2)
+    for j in range(1, logs.shape[1]):
+        product = ga.geometric_product(product, ga.exp(alpha[:, j, None] * logs[:, j] / 2))
+    return product
+
+
+def _random_pairs(T, N, g, commuting=False):
+    """T queries with N keys each: unit a ``(T, 1, 3)``, b ``(T, N, 3)``, softmax weights of unit-variance
+    logits ``(T, N)``, the pair logs θ_j B̂_j ``(T, N, 8)``; ``commuting``: every b in one plane with a."""
+    a = torch.nn.functional.normalize(torch.randn(T, 1, 3, generator=g, dtype=torch.float64), dim=-1)
+    alpha = torch.softmax(torch.randn(T, N, generator=g, dtype=torch.float64), -1)
+    b = torch.randn(T, N, 3, generator=g, dtype=torch.float64)
+    if commuting:
+        plane = torch.linalg.cross(a, torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64).expand_as(a))
+        b = b[..., :1] * a + b[..., 1:2] * plane
+    b = torch.nn.functional.normalize(b, dim=-1)
+    dot = (a * b).sum(-1)
+    return alpha, rotor_module.rotor_log_scale(dot)[..., None] * EAGER_CL3.outer_product(
+        EAGER_CL3.vector(b), EAGER_CL3.vector(a)
+    )
+
+
+def _turn_degrees(rotor):
+    return torch.rad2deg(2 * torch.arccos(rotor[..., 0].abs().clamp(max=1)))
+
+
+def test_compose_against_the_ordered_product_of_fractional_rotors():
+    """R̄ = exp(½ Σ_j α_j θ_j B̂_j) equals ∏_j R_j^{α_j} when the rotors commute (one plane), and otherwise
+    differs by BCH's commutator term ``½ Σ_{j<l} [X_j, X_l]`` (X_j = ½ α_j θ_j B̂_j) to second order.
+    Also recomputes the module docstring's figures: the median turn between the ordered product and R̄
+    for 2, 8 and 64 keys (2000 random queries each)."""
+    ga, g = EAGER_CL3, torch.Generator().manual_seed(0)
+    alpha, logs = _random_pairs(50, 6, g, commuting=True)
+    mean = ga.exp((alpha[..., None] * logs).sum(1) / 2)
+    torch.testing.assert_close(_ordered_product(ga, logs, alpha), mean, rtol=0, atol=1e-12)
+    alpha, logs = _random_pairs(50, 6, g)
+    logs = 0.02 * logs  # small angles: the second-order term dominates
+    mean = ga.exp((alpha[..., None] * logs).sum(1) / 2)
+    X = alpha[..., None] * logs / 2
+    bch = sum(
+        (ga.geometric_product(X[:, j], X[:, m]) - ga.geometric_product(X[:, m], X[:, j])) / 2
+        for j in range(6) for m in range(j + 1, 6)
+    )  # fmt: skip
+    gap = ga.geometric_product(_ordered_product(ga, logs, alpha), ga.reverse(mean))  # ≈ 1 + bch
+    gap[:, 0] -= 1
+    assert _rel(gap, bch) < 0.05
+    documented = {2: (5.3, 69.2), 8: (3.5, 39.9), 64: (0.8, 15.5)}  # median turns (°), module docstring
+    for N, (between, own) in documented.items():
+        alpha, logs = _random_pairs(2000, N, torch.Generator().manual_seed(N))
+        mean = ga.exp((alpha[..., None] * logs).sum(1) / 2)
+        relative = ga.geometric_product(_ordered_product(ga, logs, alpha), ga.reverse(mean))
+        assert round(_turn_degrees(relative).median().item(), 1) == between, N
+        assert round(_turn_degrees(mean).median().item(), 1) == own, N
+
+
+@pytest.mark.parametrize("ga", [CL3, PGA], ids=repr)
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_compose_is_equivariant_under_rotations_and_reflections(ga, dtype, tol):
+    """Under a global versor S every pair bivector B_ij → S B_ij S⁻¹ (the directions move with S, their
+    inner products do not), so the mean bivector and R̄_i are conjugated by S and so is the output."""
+    q, k, v = _conditioned_qkv(ga, "rotation", seed=5, margin=0.05, N=5, dtype=dtype)
+    tol = 1e-4 if ga.r and dtype == torch.float32 else tol  # see PGA_FLOAT32_TOL in test_rotor_layers.py
+    for n_vectors, backend in itertools.product((1, 2, 3), ("auto", "reference")):
+        g = ga.versor_matrix(random_o3_versor(ga, n_vectors, dtype, seed=n_vectors))
+        act = lambda x, g=g: x @ g.transpose(-1, -2)  # noqa: E731
+        run = lambda *x, b=backend: rotor_attention(*x, algebra=ga, aggregation="compose", backend=b)  # noqa: E731
+        assert _rel(run(act(q), act(k), act(v)), act(run(q, k, v))) < tol, (n_vectors, backend)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["identical", "antiparallel"])
+def test_compose_finite_at_identical_and_antiparallel_directions(sign):
+    """k = ±q: every diagonal pair is exactly parallel (f = 1, no rotation) or antiparallel (the pair's
+    rotation fades to 0); values and gradients finite, both backends agree."""
+    _assert_finite_and_backends_agree(sign, aggregation="compose")
+    q1, _, v1 = _qkv(CL3, N=1, seed=4)  # one token: R̄ = 1 in both cases, the output is v
+    for backend in ("reference", "auto"):
+        out = rotor_attention(q1, sign * q1, v1, algebra=CL3, aggregation="compose", backend=backend)
+        assert _rel(out, v1) < 1e-12
+
+
 # ---------------------------------------------------------------------------------------- errors
 def test_errors_name_the_problem():
     q, k, v = _qkv(CL3)
@@ -279,14 +453,21 @@ def test_errors_name_the_problem():
         rotor_attention(q, k, v, algebra=CL3, key_mask=torch.ones(2, 7))
     with pytest.raises(ValueError, match="chunk_size must be a positive int"):
         rotor_attention(q, k, v, algebra=CL3, chunk_size=0)
+    with pytest.raises(ValueError, match="unknown aggregation 'mean'"):
+        rotor_attention(q, k, v, algebra=CL3, aggregation="mean")
+    with pytest.raises(
+        ValueError, match="aggregation='compose' .* needs head_type 'rotation', got .*'reflection'"
+    ):
+        rotor_attention(q, k, v, algebra=CL3, head_type="reflection", aggregation="compose")
 
 
 # ----------------------------------------------------------------------------------------- bench
 def test_bench_entry_point_tiny(capsys):
     args = ["bench", "rotor", "--sizes", "8", "--channels", "2", "--heads", "1", "--repeats", "1"]
-    code = cli_main([*args, "--head-types", "rotation", "frame"])
+    code = cli_main([*args, "--head-types", "rotation", "frame", "compose", "--threads", "1"])
     out = capsys.readouterr().out
     assert code == 0
-    for text in ("forward+backward", "| rotation | 8", "| frame    | 8", "auto/SDPA", "reference/auto"):
+    for text in ("forward+backward", "| rotation | 8", "| frame    | 8", "| compose  | 8", "auto/SDPA",
+                 "reference/auto", "auto min / med / max", "threads=1"):  # fmt: skip
         assert text in out
     assert cli_main(["bench", "rotor", "--sizes", "0"]) == 2  # a ValueError, reported as a usage error

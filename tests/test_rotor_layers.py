@@ -101,6 +101,19 @@ def test_rotor_attention_layer_is_equivariant(ga, dtype):
     _check_equivariant(RotorAttention(ga, 4, ["rotation"], head_channels=2, inverse=True), ga, dtype, x)
 
 
+@pytest.mark.parametrize("ga", ALGEBRAS, ids=ids)
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_rotor_attention_layer_with_compose_is_equivariant(ga, dtype):
+    """aggregation="compose" on the rotation heads (SPEC §2.5), mixed with a summing projection head."""
+    torch.manual_seed(3)
+    x, s = _inputs(ga, dtype)
+    layer = RotorAttention(ga, 4, ["rotation", "projection", "rotation"], 2, scalars=3, aggregation="compose")
+    mask = torch.tensor([[True] * 5, [True, True, False, True, True]])
+    _check_equivariant(layer, ga, dtype, x, s, mask=mask)
+    causal = RotorAttention(ga, 4, ["rotation"], 2, causal=True, inverse=True, aggregation="compose")
+    _check_equivariant(causal, ga, dtype, x)
+
+
 @pytest.mark.parametrize("ga_name", ["cl3", "pga"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_rotor_transformer_is_equivariant(ga_name, dtype):
@@ -243,6 +256,10 @@ def test_layer_errors_name_the_problem():
         EquiLinear(CL3, 4, 2, in_scalars=3)(torch.randn(3, 4, 8), torch.randn(3, 2))
     with pytest.raises(ValueError, match="GradeLayerNorm: x has shape"):
         GradeLayerNorm(CL3)(torch.randn(3, 4, 16))
+    with pytest.raises(ValueError, match="unknown aggregation 'product'"):
+        RotorAttention(CL3, 4, ["rotation"], aggregation="product")
+    with pytest.raises(ValueError, match="aggregation='compose' applies to 'rotation' heads"):
+        RotorAttention(CL3, 4, ["reflection", "projection"], aggregation="compose")
     with pytest.raises(ValueError, match="positional_encoding=True needs positions"):
         RotorAttention(CL3, 4, ["rotation"], positional_encoding=True)(torch.randn(1, 3, 4, 8))
     with pytest.raises(ValueError, match="algebra must be one of"):

@@ -2,36 +2,48 @@
 
 For each head type and sequence length N: ``rotor_attention`` on q, k, v of shape ``(1, H, N, C, 8)``,
 backend ``reference`` (naive pairwise) and ``auto`` (fast exact), against
-``scaled_dot_product_attention`` on ``(1, H, N, C·8)`` tensors (the same width). Medians over
-``--repeats`` runs after a warm-up, peak memory growth of one run, and the ratios auto/SDPA and
-reference/auto measured in the same run. The reference is skipped (and the cell says why) where its
-pairwise tensors would be too large or slow.
+``scaled_dot_product_attention`` on ``(1, H, N, C·8)`` tensors (the same width). The row ``compose``
+is a rotation head with ``aggregation="compose"`` (SPEC §2.5). SDPA and auto are timed round-robin
+(one call of each in turn, so both see the same load on a shared machine): min / median / max over
+``--repeats`` calls after a warm-up, the ratio of the medians, and the peak memory growth of one call.
+The reference (at most two calls, ratio reference/auto) is skipped where its pairwise tensors would
+be too large or slow, and the cell says why.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 import torch.nn.functional as F
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.attention.rotor_kernel import HEAD_TYPES, rotor_attention
-from geoattn.bench.common import median_time, ms, peak_memory_bytes
+from geoattn.bench.common import CLOCKS, interleaved_times, median_time, ms, peak_memory_bytes, spread
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
 
 # the reference builds (H, block, N, C, 8) products block by block: beyond these N it takes minutes
 REFERENCE_MAX_N = {"forward": 512, "forward+backward": 256}
+ROWS = (*HEAD_TYPES, "compose")  # compose: a rotation head aggregating by rotor composition
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[128, 512, 2048], help="sequence lengths N")
     parser.add_argument("--channels", type=int, default=16, help="multivector channels C per head (q, k, v)")
     parser.add_argument("--heads", type=int, default=4, help="heads H")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per cell (median)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per cell (min / median / max)")
     parser.add_argument(
-        "--head-types", nargs="+", default=list(HEAD_TYPES), choices=HEAD_TYPES, help="head types to measure"
+        "--head-types",
+        nargs="+",
+        default=list(ROWS),
+        choices=ROWS,
+        help="rows to measure (compose: a rotation head with aggregation='compose')",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument(
+        "--clock", default="wall", choices=sorted(CLOCKS), help="wall time or this process's CPU time"
     )
     parser.add_argument("--device", default="cpu", help="torch device")
 
@@ -50,23 +62,23 @@ def _step(fn, inputs, backward: bool):
     return run
 
 
-def _warm_reference(ga: CliffordAlgebra, heads, H: int, C: int, device: torch.device) -> None:
+def _kernel(ga: CliffordAlgebra, row: str, backend: str):
+    head, aggregation = ("rotation", "compose") if row == "compose" else (row, "sum")
+    return lambda q, k, v: rotor_attention(
+        q, k, v, algebra=ga, head_type=head, backend=backend, aggregation=aggregation
+    )
+
+
+def _warm_reference(ga: CliffordAlgebra, rows, H: int, C: int, device: torch.device) -> None:
     """Run the reference once, forward and backward, at N = 64: large engine calls go through its
     compiled kernels, whose one-off compilation must not land in a timed run."""
     q, k, v = (torch.randn(1, H, 64, C, 8, device=device, requires_grad=True) for _ in range(3))
-    for head in heads:
-        rotor_attention(q, k, v, algebra=ga, head_type=head, backend="reference").sum().backward()
+    for row in rows:
+        _kernel(ga, row, "reference")(q, k, v).sum().backward()
 
 
-def _kernel(ga: CliffordAlgebra, head: str, backend: str):
-    return lambda q, k, v: rotor_attention(q, k, v, algebra=ga, head_type=head, backend=backend)
-
-
-def _measure(fn, inputs, backward: bool, repeats: int, warmup: int = 1) -> tuple[float, float]:
-    step = _step(fn, inputs, backward)
-    seconds = median_time(step, repeats=repeats, warmup=warmup)
-    peak = peak_memory_bytes(step, inputs[0].device)
-    return seconds, peak / 2**20
+def _memory_mib(fn, inputs, backward: bool) -> float:
+    return peak_memory_bytes(_step(fn, inputs, backward), inputs[0].device) / 2**20
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,12 +87,18 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{name} must be ≥ 1, got {getattr(args, name)}")
     if any(n < 1 for n in args.sizes):
         raise ConfigError(f"--sizes must be positive, got {args.sizes}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be ≥ 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     ga = CliffordAlgebra(3)
     H, C = args.heads, args.channels
     print(
-        f"rotor attention, Cl(3), B=1, H={H}, C={C} (width C·8 = {8 * C}), float32, {device}, torch threads="
-        f"{torch.get_num_threads()}; medians of {args.repeats}, times in ms, peak memory growth in MiB"
+        f"rotor attention, Cl(3), B=1, H={H}, C={C} (width C·8 = {8 * C}), float32, {device}, torch "
+        f"{torch.__version__}, threads={torch.get_num_threads()}, {args.clock} clock; SDPA and auto timed "
+        f"round-robin, {args.repeats} calls each: min / median / max in ms, ratio of medians; peak memory "
+        "growth of one call in MiB"
     )
     _warm_reference(ga, args.head_types, H, C, device)
     for mode in ("forward", "forward+backward"):
@@ -92,23 +110,31 @@ def run(args: argparse.Namespace) -> int:
                 torch.randn(1, H, n, C, 8, generator=g).to(device).requires_grad_(backward) for _ in range(3)
             )
             flat = [x.detach().flatten(-2).requires_grad_(backward) for x in (q, k, v)]
-            for head in args.head_types:
-                # SDPA again for every row: ratios compare runs made at the same moment on a busy machine
-                sdpa_s, sdpa_mb = _measure(F.scaled_dot_product_attention, flat, backward, args.repeats)
-                auto_s, auto_mb = _measure(_kernel(ga, head, "auto"), [q, k, v], backward, args.repeats)
+            for row in args.head_types:
+                # SDPA again for every row, interleaved with it: ratios of calls made at the same moment
+                steps = {
+                    "sdpa": _step(F.scaled_dot_product_attention, flat, backward),
+                    "auto": _step(_kernel(ga, row, "auto"), [q, k, v], backward),
+                }
+                times = interleaved_times(steps, repeats=args.repeats, warmup=1, clock=args.clock)
+                sdpa_s, auto_s = (statistics.median(times[key]) for key in ("sdpa", "auto"))
+                sdpa_mb = _memory_mib(F.scaled_dot_product_attention, flat, backward)
+                auto_mb = _memory_mib(_kernel(ga, row, "auto"), [q, k, v], backward)
                 if n <= REFERENCE_MAX_N[mode]:
-                    ref = _kernel(ga, head, "reference")
-                    # seconds per call, nothing to warm up: at most two timed runs
-                    ref_s, ref_mb = _measure(ref, [q, k, v], backward, min(args.repeats, 2), warmup=0)
+                    ref = _step(_kernel(ga, row, "reference"), [q, k, v], backward)
+                    # seconds per call, nothing to warm up: at most two timed calls
+                    ref_s = median_time(ref, repeats=min(args.repeats, 2), warmup=0)
+                    ref_mb = _memory_mib(_kernel(ga, row, "reference"), [q, k, v], backward)
                     ref_cells = [ms(ref_s), f"{ref_s / auto_s:.1f}", f"{ref_mb:.0f}"]
                 else:
                     ref_cells = [f"skipped (N > {REFERENCE_MAX_N[mode]})", "n/a", "n/a"]
                 rows.append(
-                    [head, n, ms(sdpa_s), ms(auto_s), ref_cells[0], f"{auto_s / sdpa_s:.2f}", ref_cells[1],
-                     f"{sdpa_mb:.0f}", f"{auto_mb:.0f}", ref_cells[2]]
+                    [row, n, " / ".join(spread(times["sdpa"])), " / ".join(spread(times["auto"])),
+                     f"{auto_s / sdpa_s:.2f}", ref_cells[0], ref_cells[1], f"{sdpa_mb:.0f}", f"{auto_mb:.0f}",
+                     ref_cells[2]]
                 )  # fmt: skip
-        headers = ["head", "N", "SDPA", "auto", "reference", "auto/SDPA", "reference/auto", "SDPA MiB",
-                   "auto MiB", "reference MiB"]  # fmt: skip
+        headers = ["head", "N", "SDPA min / med / max", "auto min / med / max", "auto/SDPA", "reference",
+                   "reference/auto", "SDPA MiB", "auto MiB", "reference MiB"]  # fmt: skip
         print(f"\n{mode}\n")
         print(format_table(headers, rows))
     return 0

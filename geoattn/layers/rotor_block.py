@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.rotor_kernel import HEAD_TYPES, rotor_attention
+from geoattn.attention.rotor_kernel import AGGREGATIONS, HEAD_TYPES, rotor_attention
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
 
 
@@ -75,6 +75,9 @@ class RotorAttention(nn.Module):
         causal: attend to earlier tokens only. inverse: key → query rotors (rotation heads).
         positional_encoding: rotate q, k by :class:`RotorPositionalEncoding` (breaks equivariance;
             needs ``positions`` in forward).
+        aggregation: ``"sum"`` or ``"compose"``: how the rotation heads aggregate (``"compose"``: one
+            mean rotor per query applied to the weighted mean value, SPEC §2.5); other head types
+            always sum. ``"compose"`` needs at least one rotation head.
 
     forward(x ``(B, N, C, dim)``, s ``(B, N, S)`` | None, mask ``(B, N)`` bool | None (True = real
     token), positions ``(N,)`` | ``(B, N)`` | None) → (``(B, N, C, dim)``, ``(B, N, S)`` | None).
@@ -90,11 +93,22 @@ class RotorAttention(nn.Module):
         causal: bool = False,
         inverse: bool = False,
         positional_encoding: bool = False,
+        *,
+        aggregation: str = "sum",
     ):
         super().__init__()
         head_types = tuple(head_types)
         if not head_types:
             raise ValueError("RotorAttention needs at least one head in head_types")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"RotorAttention: unknown aggregation {aggregation!r}, expected one of {AGGREGATIONS}"
+            )
+        if aggregation == "compose" and "rotation" not in head_types:
+            raise ValueError(
+                f"RotorAttention: aggregation='compose' applies to 'rotation' heads, and head_types "
+                f"{head_types} has none"
+            )
         for t in head_types:
             if t not in HEAD_TYPES:
                 raise ValueError(f"RotorAttention: unknown head type {t!r}, expected one of {HEAD_TYPES}")
@@ -105,7 +119,7 @@ class RotorAttention(nn.Module):
             )
         self.algebra, self.channels, self.scalars = algebra, channels, scalars
         self.head_types, self.head_channels = head_types, head_channels
-        self.causal, self.inverse = causal, inverse
+        self.causal, self.inverse, self.aggregation = causal, inverse, aggregation
         H = len(head_types)
         self.qkv = EquiLinear(algebra, channels, 3 * H * head_channels, scalars, 0)
         self.grade_gain = nn.Parameter(torch.ones(H, algebra.n + 1))
@@ -142,6 +156,7 @@ class RotorAttention(nn.Module):
                 causal=self.causal,
                 inverse=self.inverse and t in ("rotation", "reflection"),
                 key_mask=mask,
+                aggregation=self.aggregation if t == "rotation" else "sum",
             )
             for t, idx in self.groups.items()
         ]
