@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rotor-set",
         nargs="*",
-        default=["n_layer=3", "n_head=4", "n_embd=128", "lr=2e-3", "weight_decay=0.0", "warmup_iters=100"],
+        default=["n_layer=3", "n_head=4", "n_embd=128", "lr=5e-3", "weight_decay=0.0", "warmup_iters=50"],
         help="the rotor run's TrainConfig fields (KEY=VALUE) and task / model settings (task.KEY=VALUE, "
         "model.KEY=VALUE)",
     )

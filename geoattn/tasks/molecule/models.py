@@ -47,7 +47,7 @@ class MoleculeModelConfig:
     elements: tuple[int, ...]
     cutoff: float = 5.0
     n_rbf: int = 8
-    interactions: int = 1
+    interactions: int = 2
     vectors: int = 4
     energy_weight: float = 0.01
     force_weight: float = 0.99

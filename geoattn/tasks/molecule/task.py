@@ -65,7 +65,7 @@ class MoleculeConfig:
     split_seed: int = 0
     cutoff: float = 5.0
     n_rbf: int = 8
-    interactions: int = 1
+    interactions: int = 2
     vectors: int = 4
     energy_weight: float = 0.01
     force_weight: float = 0.99

@@ -159,8 +159,11 @@ class PointCloudTask(Task):
         if split == "train":
             clouds, labels = self.dataset("train")
             pick = torch.randint(clouds.shape[0], (batch_size,), generator=generator)
-            x = rotate(clouds[pick], rotations(self.config.train_rotation, batch_size, generator))
-            y = labels[pick]
+            # the rotations come from their own generator, seeded by one draw: every protocol then sees
+            # the same clouds in the same order, and an invariant model trains the same under each
+            seed = int(torch.randint(2**62, (), generator=generator))
+            turn = rotations(self.config.train_rotation, batch_size, torch.Generator().manual_seed(seed))
+            x, y = rotate(clouds[pick], turn), labels[pick]
         else:
             clouds, labels = self.evaluation_set(split)
             pick = torch.randint(clouds.shape[0], (batch_size,), generator=generator)
