@@ -418,16 +418,62 @@ def test_compiled_kernels_match_reference(monkeypatch):
 def test_bench_attention_entry_point(capsys):
     from geoattn.cli import main
 
-    assert (
-        main(["bench", "attention", "--sizes", "16", "--heads", "2", "--head-dim", "8", "--repeats", "1"])
-        == 0
-    )
+    args = ["bench", "attention", "--sizes", "16", "--heads", "2", "--head-dim", "8", "--repeats", "2"]
+    assert main(args) == 0
     lines = capsys.readouterr().out.splitlines()
-    rows = {line.split("|")[2].strip(): line for line in lines if line.startswith("| 16 ")}
-    assert set(rows) == {"SDPA (peer)", "rt σ_t²=0", "rt tied 2μη²", "rt general", "rt reference"}
-    assert rows["SDPA (peer)"].split("|")[5].strip() == "1.00"  # ratios are against SDPA
+    assert any(line.startswith("keys (|k|") and "κ up to" in line for line in lines)  # input statistics
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines if line.startswith("| 16 ")]
+    kernels = {(row[1], row[2]) for row in rows}
+    assert kernels == {
+        ("SDPA (peer)", "trained-like"),
+        ("rt σ_t²=0", "trained-like"),
+        ("rt tied 2μη²", "trained-like"),
+        ("rt general", "trained-like"),
+        ("rt σ_t²=0", "unit keys"),
+        ("rt general", "unit keys"),
+        ("rt reference", "trained-like"),
+    }
+    sdpa = next(row for row in rows if row[1] == "SDPA (peer)")
+    assert sdpa[7] == sdpa[8] == "1.00"  # ratios are against SDPA
+    assert float(sdpa[4]) <= float(sdpa[5]) <= float(sdpa[6])  # min <= median <= max
     assert main(["bench", "attention", "--sizes", "16", "--head-dim", "7"]) == 2
     assert "--head-dim must be even" in capsys.readouterr().err
+
+
+def test_far_lags_stay_finite_and_exact():
+    """A fast-decaying head over a long sequence: ``c(Δt)`` grows past e^{80} (float32 overflows near
+    e^{88}). The fast paths take log c in log space there: in float64 they still equal the reference,
+    and in float32 values and gradients stay finite and agree with the float64 result."""
+    n = 160
+    q, k, v, omega, _ = _inputs(b=1, h=2, n=n, d=8, irregular=False)
+    params = dict(
+        mu_r=torch.tensor([0.6, 0.05], dtype=F64),
+        sigma_t2=torch.tensor([0.3, 0.1], dtype=F64),
+        eta_t2=torch.tensor([1.0, 0.5], dtype=F64),
+        beta=torch.tensor([1.0, 2.0], dtype=F64),
+    )
+    assert float(2 * params["mu_r"].max() * (n - 1)) > 2 * rt._FAR
+    grads = {}
+    for dtype in (F64, torch.float32):
+        x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        p = {name: t.to(dtype).requires_grad_() for name, t in params.items()}
+        for backend in ("dense", "blockwise", "reference"):
+            if dtype == torch.float32 and backend == "reference":
+                continue  # the plain formula overflows in float32: what the fast paths avoid
+            for positions in (None, torch.arange(n, dtype=dtype)):  # lag tables, and explicit times
+                out = rt_attention(*x, **p, omega=omega.to(dtype), positions=positions, backend=backend)
+                weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+                leaves = [*x, *p.values()]
+                grads[dtype, backend, positions is None] = [
+                    out,
+                    *torch.autograd.grad((out * weights.to(dtype)).sum(), leaves),
+                ]
+    for key, values in grads.items():
+        dtype = key[0]
+        assert all(torch.isfinite(g).all() for g in values), key
+        tol = 1e-10 if dtype == F64 else 5e-4
+        for got, want in zip(values, grads[F64, "reference", True]):
+            torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol, msg=str(key))
 
 
 def test_compile_failure_falls_back_to_eager(monkeypatch):

@@ -14,9 +14,10 @@ import torch
 
 from geoattn.algebra.rotation import rotate_pairs
 from geoattn.attention.rfa_kernel import rfa_attention
+from geoattn.attention.rt_kernel import rt_attention
 from geoattn.layers.robust_filter import RFAAttention
 from geoattn.layers.rt_block import RTAttention, RTBlock
-from geoattn.layers.sphere import sphere_step, tangent_part
+from geoattn.layers.sphere import sphere_step, sphere_update, tangent_part
 
 C, H = 32, 4
 
@@ -220,6 +221,76 @@ def test_zero_inputs_stay_finite():
         assert torch.isfinite(y).all()
         y.sum().backward()
         assert all(torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("tangent_correction", [True, False])
+def test_fused_retraction_is_the_plain_step(tangent_correction):
+    """`sphere_update`'s one-node retraction (eager mode) against `sphere_step` on normalised outputs:
+    values and gradients in float64 (a zero output row included), and a finite-difference check."""
+    h = _unit(3, 5, 16, seed=1).requires_grad_()
+    o = torch.randn(3, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    o[0, 1] = 0  # F.normalize maps it to 0: the update then only retracts h + α⊙(−h)
+    o.requires_grad_()
+    alpha = (0.1 + torch.rand(16, dtype=torch.float64)).requires_grad_()
+    kw = dict(tangent_correction=tangent_correction, step="retraction")
+    fused = sphere_update(h, o, alpha, **kw)
+    plain = sphere_step(h, torch.nn.functional.normalize(o, dim=-1), alpha, **kw)
+    torch.testing.assert_close(fused, plain, rtol=0, atol=1e-14)
+    weights = torch.randn(fused.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    grads = torch.autograd.grad((fused * weights).sum(), (h, o, alpha))
+    grads_plain = torch.autograd.grad((plain * weights).sum(), (h, o, alpha))
+    for g, g_plain in zip(grads, grads_plain):
+        torch.testing.assert_close(g, g_plain, rtol=1e-12, atol=1e-12 * g_plain.abs().max().item())
+    o_smooth = torch.randn(2, 3, 16, dtype=torch.float64, requires_grad=True)
+    h_small = _unit(2, 3, 16, seed=4).requires_grad_()
+    assert torch.autograd.gradcheck(lambda h, o, a: sphere_update(h, o, a, **kw), (h_small, o_smooth, alpha))
+
+
+@pytest.mark.parametrize(
+    "switches",
+    [
+        {},
+        {"magnitude_precision": False},
+        {"qkv_norm": False},
+        {"process_noise": False},
+        {"learn_omega": True},
+    ],
+    ids=["default", "no-magnitude", "no-qkv-norm", "no-process-noise", "learned-omega"],
+)
+def test_rt_attention_is_its_documented_definition(switches):
+    """The layer's fused path (one projection, s_qk as a metric, magnitudes |k|·sqrt(C/D) before it)
+    against the definition written with the public kernel's reference backend: q·s_qk and
+    normalize(k·s_qk)·|k|·sqrt(H) (unit k without magnitude precision), values and gradients."""
+    torch.manual_seed(0)
+    layer = RTAttention(C, H, **switches).double()
+    with torch.no_grad():
+        layer.s_qk.weight.mul_(1 + 0.3 * torch.rand(C, dtype=torch.float64))  # a non-trivial metric
+    x = _x(seed=11).double().requires_grad_()
+    positions = torch.cumsum(0.2 + torch.rand(10, dtype=torch.float64), 0)
+
+    def definition(x):
+        q, k, v = (t.view(2, 10, H, C // H).transpose(1, 2) for t in layer.c_attn(x).split(C, dim=-1))
+        s_qk = layer.s_qk().view(H, 1, C // H)
+        k_dir = torch.nn.functional.normalize(k * s_qk, dim=-1)
+        if layer.magnitude_precision:
+            k_dir = k_dir * k.norm(dim=-1, keepdim=True) * math.sqrt(H)
+        y = rt_attention(
+            q * s_qk,
+            k_dir,
+            v,
+            **layer.precision_parameters(),
+            omega=layer.omega,
+            positions=positions,
+            backend="reference",
+            normalize_values=layer.qkv_norm,
+        )
+        return layer.c_proj(y.transpose(1, 2).reshape(2, 10, C))
+
+    out, expected = layer(x, positions), definition(x)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+    params = [x, *(p for p in layer.parameters() if p.requires_grad)]
+    for g, g_ref in zip(torch.autograd.grad(out.sum(), params), torch.autograd.grad(expected.sum(), params)):
+        torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-11)
 
 
 def test_rt_block_keeps_the_stream_on_the_sphere():

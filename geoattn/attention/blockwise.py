@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 ScoreFn = Callable[[Tensor, Tensor, tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...]], Tensor]
@@ -28,7 +29,8 @@ ScoreFn = Callable[[Tensor, Tensor, tuple[Tensor, ...], tuple[Tensor, ...], tupl
 * ``dot``: ``(B, H, bq, bk)``, ``⟨q_i, k_j⟩`` of the tensors given to `blockwise_attention`;
 * ``dt``: ``(B | 1, 1, bq, bk)``, the signed ``t_i − t_j``;
 * ``query_scalars``: tuple of ``(B | 1, H | 1, bq, 1)``; ``key_scalars``: tuple of ``(B | 1, H | 1, 1, bk)``;
-* ``params``: tuple of ``(1, H, 1, 1)`` per-head parameters;
+* ``params``: tuple of ``(1, H, 1, 1)`` per-head parameters, and for a relative table (below)
+  its ``(1, H, bq, bk)`` slice;
 * returns the logits ``(B, H, bq, bk)``. It must be elementwise in ``(i, j)`` (no reductions over
   the tile), since the tile boundaries are an implementation detail.
 """
@@ -40,6 +42,18 @@ _MAX_BLOCK_K = 512
 _MIN_BLOCK_Q = 16
 # Problems with at least this many (B·H·N²) score entries compile their tile functions by default.
 COMPILE_MIN_PAIRS = 1 << 22
+
+
+def flush_small(x: Tensor, signed: bool = False) -> Tensor:
+    """``x`` with the values below ``tiny^¾`` of the dtype in magnitude set to 0 (``signed=False``:
+    ``x ≥ 0``, so the magnitude is ``x`` itself).
+
+    For softmax weights (at most 1, relative to their row's maximum) and factors of logits that are
+    added to terms of order one, such values change no sum at any precision; but they and their
+    products would be subnormal numbers, on which each multiplication costs many times more. Without
+    this the kernels' speed would depend on the data: on how spread the logits are (the key
+    magnitudes) and, for decaying precisions, on how far back the keys lie."""
+    return torch.where((x.abs() if signed else x) < torch.finfo(x.dtype).tiny ** 0.75, 0.0, x)
 
 
 def default_blocks(batch_heads: int, n: int) -> tuple[int, int]:
@@ -72,7 +86,9 @@ def blockwise_attention(
         score_fn: see `ScoreFn`.
         times: ``(N,)`` or ``(B, N)`` token times, giving ``dt = t_i − t_j``.
         query_scalars, key_scalars: tensors ``(B | 1, H | 1, N)``, sliced per tile.
-        params: per-head tensors ``(H,)``.
+        params: per-head tensors ``(H,)``, or relative tables ``(H, 2N − 1)``: functions of the index
+            difference ``i − j`` (entry ``i − j + N − 1``), such as a relative-position bias; the score
+            sees their tile slices and their gradients are summed along the tile's diagonals.
         causal: mask ``j > i`` (by index).
         block_q, block_k: tile sizes; default `default_blocks`.
         compile: run the tile functions through `torch.compile` (fused elementwise work, several
@@ -110,9 +126,39 @@ class _Tiles:
 
     def __init__(self, times: Tensor, query_scalars, key_scalars, params) -> None:
         self.times = times.unsqueeze(1)  # (B|1, 1, N)
+        self.n = times.shape[-1]
         self.query_scalars = query_scalars
         self.key_scalars = key_scalars
-        self.params = tuple(p.view(1, -1, 1, 1) for p in params)
+        # per-head parameters (H,) broadcast over the tile; relative tables (H, 2N − 1) are sliced
+        self.heads = tuple(p.view(1, -1, 1, 1) if p.dim() == 1 else p.contiguous() for p in params)
+
+    def params(self, i0: int, i1: int, j0: int, j1: int) -> tuple[Tensor, ...]:
+        """The parameters for one tile: ``(1, H, 1, 1)`` per head; a relative table ``r (H, 2N − 1)``
+        as ``(1, H, bq, bk)`` with entry ``r[h, i − j + N − 1]`` (a Toeplitz slice, copied once)."""
+        return tuple(p if p.dim() == 4 else self._relative(p, i0, i1, j0, j1) for p in self.heads)
+
+    def _relative(self, table: Tensor, i0: int, i1: int, j0: int, j1: int) -> Tensor:
+        # r[h, lo + a + b'] for b' = bk − 1 − b is a strided view; flipping b' back copies the tile
+        lo = self._lowest(i0, j1)
+        view = table.as_strided(
+            (table.shape[0], i1 - i0, j1 - j0), (table.stride(0), 1, 1), table.storage_offset() + lo
+        )
+        return view.flip(-1).unsqueeze(0).contiguous()  # one layout for every tile: no recompiles
+
+    def _lowest(self, i0: int, j1: int) -> int:
+        """Index in a relative table of the tile's smallest ``i − j`` (its first query, last key)."""
+        return i0 - (j1 - 1) + self.n - 1
+
+    def add_relative(self, acc: Tensor, grad: Tensor, i0: int, j1: int) -> None:
+        """Accumulate a tile's gradient ``(B|1, H, bq, bk)`` of a relative table into ``acc (H, 2N − 1)``:
+        the sums along its diagonals (one per ``i − j``)."""
+        g = grad.sum(0) if grad.dim() == 4 else grad  # (H, bq, bk)
+        bq, bk = g.shape[-2:]
+        # row a of the key-flipped, zero-padded tile, read with row length bk + bq − 1, holds
+        # (a, b) at column a − b + bk − 1: the column sums are the diagonal sums
+        sheared = F.pad(g.flip(-1), (0, bq)).flatten(-2)[..., : bq * (bk + bq - 1)].unflatten(-1, (bq, -1))
+        lo = self._lowest(i0, j1)
+        acc[:, lo : lo + bq + bk - 1] += sheared.sum(-2)
 
     # Small copies (O(bq + bk)) rather than views: a compiled tile would otherwise guard on, and
     # recompile for, every storage offset.
@@ -146,7 +192,7 @@ def _tile_forward(score_fn, dot, tq, tk, qs, ks, ps, qi, kj, run_max):
     """Scores of one tile and its online-softmax step: ``(p, new running max, rowsum p)``."""
     s = score_fn(dot, tq - tk, qs, ks, ps).masked_fill(kj > qi, -math.inf)
     new_max = torch.maximum(run_max, s.amax(-1))
-    p = torch.exp(s - new_max[..., None])
+    p = flush_small(torch.exp(s - new_max[..., None]))
     return p, new_max, p.sum(-1)
 
 
@@ -155,8 +201,8 @@ def _tile_backward(score_fn, dot, tq, tk, qs, ks, ps, qi, kj, lse, dp, delta):
     ``(p, d_dot, d_qs, d_ks, d_ps)``. Functional (`torch.func.vjp`), so that it compiles."""
     dt = tq - tk
     s, vjp = torch.func.vjp(lambda dot, qs, ks, ps: score_fn(dot, dt, qs, ks, ps), dot, qs, ks, ps)
-    p = torch.exp(s - lse).masked_fill(kj > qi, 0.0)
-    return (p, *vjp(p * (dp - delta)))
+    p = flush_small(torch.exp(s - lse).masked_fill(kj > qi, 0.0))
+    return (p, *vjp(flush_small(p * (dp - delta), signed=True)))
 
 
 def _tile_backward_eager(score_fn, dot, tq, tk, qs, ks, ps, qi, kj, lse, dp, delta):
@@ -171,8 +217,8 @@ def _tile_backward_eager(score_fn, dot, tq, tk, qs, ks, ps, qi, kj, lse, dp, del
             tuple(leaves[1 + n_qs + n_ks :]),
         )
         s = score_fn(leaves[0], tq - tk, *args)
-    p = torch.exp(s.detach() - lse).masked_fill(kj > qi, 0.0)
-    grads = torch.autograd.grad(s, leaves, p * (dp - delta), allow_unused=True)
+    p = flush_small(torch.exp(s.detach() - lse).masked_fill(kj > qi, 0.0))
+    grads = torch.autograd.grad(s, leaves, flush_small(p * (dp - delta), signed=True), allow_unused=True)
     grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves)]
     return (
         p,
@@ -230,17 +276,19 @@ def blockwise_forward(
     the only statistic the backward needs. ``times`` is ``(B | 1, N)``; see `blockwise_attention`."""
     tiles = _Tiles(times, query_scalars, key_scalars, params)
     b, h, n, _ = q.shape
-    out = torch.empty(b, h, n, v.shape[-1], dtype=v.dtype, device=v.device)
+    dv = v.shape[-1]
+    q3, k3, v3 = (x.reshape(b * h, n, x.shape[-1]) for x in (q, k, v))
+    out = torch.empty(b, h, n, dv, dtype=v.dtype, device=v.device)
     lse = torch.empty(b, h, n, dtype=q.dtype, device=q.device)  # (B, H, N) log-sum-exp per query
     for i0 in range(0, n, block_q):
         i1 = min(i0 + block_q, n)
-        q_blk, qs, tq = q[:, :, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
+        q_blk, qs, tq = q3[:, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
         run_max = torch.full((b, h, i1 - i0), -math.inf, dtype=q.dtype, device=q.device)
         run_sum = torch.zeros_like(run_max)
-        acc = torch.zeros(b, h, i1 - i0, v.shape[-1], dtype=v.dtype, device=v.device)
+        acc = torch.zeros(b * h, i1 - i0, dv, dtype=v.dtype, device=v.device)
         for j0 in range(0, _key_end(i1, n, causal), block_k):
             j1 = min(j0 + block_k, _key_end(i1, n, causal))
-            dot = q_blk @ k[:, :, j0:j1].transpose(-1, -2)  # (B, H, bq, bk)
+            dot = torch.bmm(q_blk, k3[:, j0:j1].transpose(-1, -2)).view(b, h, i1 - i0, j1 - j0)
             qi, kj = _Tiles.indices(i0, i1, j0, j1, causal, n, q.device)
             p, new_max, p_sum = _FORWARD(
                 use_compile,
@@ -250,16 +298,18 @@ def blockwise_forward(
                 tiles.tk(j0, j1),
                 qs,
                 tiles.ks(j0, j1),
-                tiles.params,
+                tiles.params(i0, i1, j0, j1),
                 qi,
                 kj,
                 run_max,
             )
             rescale = torch.exp(run_max - new_max)  # 0 on the first chunk
             run_sum = run_sum * rescale + p_sum
-            acc = acc * rescale[..., None] + p @ v[:, :, j0:j1]
+            acc.mul_(rescale.reshape(b * h, -1, 1)).add_(
+                torch.bmm(p.reshape(b * h, i1 - i0, j1 - j0), v3[:, j0:j1])
+            )
             run_max = new_max
-        out[:, :, i0:i1] = acc / run_sum[..., None]
+        out[:, :, i0:i1] = acc.view(b, h, i1 - i0, dv) / run_sum[..., None]
         lse[:, :, i0:i1] = run_max + torch.log(run_sum)
     return out, lse
 
@@ -291,21 +341,23 @@ def blockwise_backward(
     """
     tile_backward = tile_backward or _BACKWARD
     tiles = _Tiles(times, query_scalars, key_scalars, params)
-    n = q.shape[2]
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    b, h, n, _ = q.shape
+    # (B·H, N, ·) accumulators: the tiles' products are batched matrix products over B·H
+    dq, dk, dv = (torch.zeros(b * h, n, x.shape[-1], dtype=x.dtype, device=x.device) for x in (q, k, v))
+    q3, k3, v3, do3 = (x.reshape(b * h, n, x.shape[-1]) for x in (q, k, v, grad_out))
     grad_qs = [torch.zeros_like(s) for s in query_scalars]
     grad_ks = [torch.zeros_like(s) for s in key_scalars]
     grad_ps = [torch.zeros_like(p) for p in params]
     delta = (grad_out * out).sum(-1)  # (B, H, N), rowsum(dO ⊙ O)
     for i0 in range(0, n, block_q):
         i1 = min(i0 + block_q, n)
-        q_blk, do_blk, qs, tq = q[:, :, i0:i1], grad_out[:, :, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
+        q_blk, do_blk, qs, tq = q3[:, i0:i1], do3[:, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
         lse_blk, delta_blk = lse[:, :, i0:i1, None].clone(), delta[:, :, i0:i1, None].clone()
         for j0 in range(0, _key_end(i1, n, causal), block_k):
             j1 = min(j0 + block_k, _key_end(i1, n, causal))
-            k_c, v_c = k[:, :, j0:j1], v[:, :, j0:j1]
-            dot = q_blk @ k_c.transpose(-1, -2)
-            dp = do_blk @ v_c.transpose(-1, -2)
+            k_c, v_c = k3[:, j0:j1], v3[:, j0:j1]
+            dot = torch.bmm(q_blk, k_c.transpose(-1, -2)).view(b, h, i1 - i0, j1 - j0)
+            dp = torch.bmm(do_blk, v_c.transpose(-1, -2)).view(b, h, i1 - i0, j1 - j0)
             qi, kj = _Tiles.indices(i0, i1, j0, j1, causal, n, q.device)
             p, d_dot, d_qs, d_ks, d_ps = tile_backward(
                 use_compile,
@@ -315,22 +367,28 @@ def blockwise_backward(
                 tiles.tk(j0, j1),
                 qs,
                 tiles.ks(j0, j1),
-                tiles.params,
+                tiles.params(i0, i1, j0, j1),
                 qi,
                 kj,
                 lse_blk,
                 dp,
                 delta_blk,
             )
-            dv[:, :, j0:j1] += p.transpose(-1, -2) @ do_blk
-            dq[:, :, i0:i1] += d_dot @ k_c
-            dk[:, :, j0:j1] += d_dot.transpose(-1, -2) @ q_blk
+            p, d_dot = p.reshape(b * h, i1 - i0, j1 - j0), d_dot.reshape(b * h, i1 - i0, j1 - j0)
+            # (bmm into a new tensor, then add: baddbmm_ into these strided slices is several times slower)
+            dv[:, j0:j1] += torch.bmm(p.transpose(-1, -2), do_blk)
+            dq[:, i0:i1] += torch.bmm(d_dot, k_c)
+            dk[:, j0:j1] += torch.bmm(d_dot.transpose(-1, -2), q_blk)
             for acc, g in zip(grad_qs, d_qs):  # (B|1, H|1, bq, 1), already reduced over the tile
                 acc[..., i0:i1] += g.squeeze(-1)
             for acc, g in zip(grad_ks, d_ks):
                 acc[..., j0:j1] += g.squeeze(-2)
             for acc, g in zip(grad_ps, d_ps):
-                acc += g.reshape(-1)
+                if acc.dim() == 2:  # a relative table
+                    tiles.add_relative(acc, g, i0, j1)
+                else:
+                    acc += g.reshape(acc.shape)
+    dq, dk, dv = (g.view(b, h, n, -1) for g in (dq, dk, dv))
     return dq, dk, dv, grad_qs, grad_ks, grad_ps
 
 

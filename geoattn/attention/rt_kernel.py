@@ -64,6 +64,7 @@ from geoattn.attention.blockwise import (
     blockwise_backward,
     blockwise_forward,
     default_blocks,
+    flush_small,
 )
 from geoattn.attention.dtypes import outside_autocast, work_dtype
 from geoattn.rt.precision import expm1_ratio, rt_noise_variance
@@ -189,12 +190,14 @@ def _attention(
 ):
     dtype = qkv.dtype
     b, n, _, h, d = qkv.shape
-    if positions is None:
-        positions = torch.arange(n, device=qkv.device)
     work = work_dtype(dtype)
-    times = positions.to(work)  # (N,) or (B, N)
+    # None: the default times 0, 1, …, N−1, whose differences are integer lags (a static fact the
+    # dense and blockwise paths use: the noise variance is then one (H, N) table over the lags)
+    times = None if positions is None else positions.to(work)  # (N,) or (B, N)
     params = tuple(p.to(work) for p in params)
-    angles = None if omega is None else rope_angles(times, omega.to(work))  # (B|1, H, N, D/2)
+    angles = None
+    if omega is not None:  # (B|1, H, N, D/2)
+        angles = rope_angles(_explicit(times, n, qkv.device, work), omega.to(work))
     use_compile = b * h * n * n >= COMPILE_MIN_PAIRS
     qkv = qkv.to(work)
     metric = None if metric is None else metric.to(work)
@@ -233,9 +236,46 @@ def rt_logits(
     return log_kappa + beta * torch.exp(log_kappa) * (dot - 1)
 
 
+# Above this 2 μ_r Δt, e^{2 μ_r Δt} nears float32's largest number: log c is taken in log space there.
+_FAR = 80.0
+
+
+def log_noise_variance(dt: Tensor, mu_r: Tensor, sigma_t2: Tensor, eta_t2: Tensor) -> Tensor:
+    """``log c(Δt)`` of `geoattn.rt.precision.rt_noise_variance`, finite with finite gradients at
+    every lag (``Δt ≥ 0``, broadcasting like it).
+
+    ``c`` grows like ``e^{2 μ_r Δt}``: for a fast-decaying head and a long sequence it overflows
+    (float32 beyond ``2 μ_r Δt ≈ 88``), and its gradient ``0 · ∞`` is NaN. Beyond ``_FAR`` this
+    takes the same quantity in log space, ``logaddexp(log η², log(σ² Δt/x) + x + log(1 − e^{−x}))``
+    with ``x = 2 μ_r Δt``; below, the plain formula (values and gradients identical). At ``σ_t² = 0``
+    the far branch is ``log η²`` and gives no gradient to ``σ_t²``.
+    """
+    x = 2 * mu_r * dt
+    far = x > _FAR
+    near = torch.log(rt_noise_variance(torch.where(far, 0.0, dt), mu_r, sigma_t2, eta_t2))
+    x_far, dt_far = torch.where(far, x, 1.0), torch.where(far, dt, 1.0)  # safe where unused
+    noisy = sigma_t2 > 0
+    growth = (
+        torch.log(torch.where(noisy, sigma_t2, 1.0) * dt_far / x_far)
+        + x_far
+        + torch.log1p(-torch.exp(-x_far))
+    )
+    growth = torch.where(noisy, growth, -math.inf)
+    return torch.where(far, torch.logaddexp(torch.log(eta_t2).expand_as(growth), growth), near)
+
+
 def _rt_score(dot, dt, query_scalars, key_scalars, params):
-    """The `geoattn.attention.blockwise.ScoreFn` of RT-Filter attention: key scalar ``log m_j²``."""
-    return rt_logits(dot, dt, key_scalars[0], *params)
+    """The `geoattn.attention.blockwise.ScoreFn` of RT-Filter attention: key scalar ``log m_j²``.
+    `rt_logits`, with ``β κ`` flushed (`_beta_kappa`)."""
+    mu_r, sigma_t2, eta_t2, beta = params
+    log_kappa = key_scalars[0] - log_noise_variance(dt.abs(), mu_r, sigma_t2, eta_t2)
+    return log_kappa + _beta_kappa(log_kappa, beta) * (dot - 1)
+
+
+def _beta_kappa(log_kappa: Tensor, beta: Tensor) -> Tensor:
+    """``β κ`` with values under ``tiny^¾`` set to 0 (`flush_small`): with a decaying precision, far
+    keys have ``κ ≈ 0``, and this factor of ``(dot − 1) ∈ [−2, 0]`` would otherwise be subnormal."""
+    return flush_small(beta * torch.exp(log_kappa))
 
 
 def _rt_tile_backward(score_fn, dot, tq, tk, query_scalars, key_scalars, params, qi, kj, lse, dp, delta):
@@ -245,24 +285,53 @@ def _rt_tile_backward(score_fn, dot, tq, tk, query_scalars, key_scalars, params,
     With ``dS = P ⊙ (dP − δ)``, ``A = dS β κ (dot − 1)`` and ``G = dS + A`` (the total through
     ``log κ = log m² − log c``): ``∂/∂dot = dS β κ``, ``∂/∂log m² = Σ_i G``, ``∂/∂p = −Σ G ∂c/∂p / c``
     for the three noise parameters, ``∂/∂β = Σ A / β``. Shapes as in `geoattn.attention.blockwise`.
+    Pairs beyond ``2 μ_r Δt > _FAR`` give the noise parameters no gradient: their precision has
+    decayed by ``e^{−80}`` or more (unless ``σ_t²/η_t²`` is below about ``10⁻⁷/Δt``), so their
+    weight, and with it their gradient, is nil at any precision.
     """
     mu_r, sigma_t2, eta_t2, beta = params
     dt = (tq - tk).abs()
-    c = rt_noise_variance(dt, mu_r, sigma_t2, eta_t2)
-    log_kappa = key_scalars[0] - torch.log(c)
-    b_kappa = beta * torch.exp(log_kappa)
-    dm1 = dot - 1
-    p = torch.exp(log_kappa + b_kappa * dm1 - lse).masked_fill(kj > qi, 0.0)
-    ds = p * (dp - delta)
-    d_dot = ds * b_kappa
-    through_kappa = d_dot * dm1
-    d_log_c = -(ds + through_kappa) / c  # ∂/∂c
     x = 2 * mu_r * dt
+    near = x <= _FAR
+    c = rt_noise_variance(torch.where(near, dt, 0.0), mu_r, sigma_t2, eta_t2)  # finite everywhere
+    log_c = torch.where(near, torch.log(c), log_noise_variance(dt, mu_r, sigma_t2, eta_t2))
+    p, d_dot, through_kappa, total = _rt_tile_grads(dot, key_scalars[0] - log_c, beta, qi, kj, lse, dp, delta)
+    # c depends on (head, Δt) only when the times are shared: reduce over the batch first
+    d_c = -total.sum(0, keepdim=True) / c if c.shape[0] == 1 else -total / c  # ∂/∂c
+    d_c = torch.where(near, d_c, 0.0)
+    dt, x = torch.where(near, dt, 0.0), torch.where(near, x, 0.0)
     partials = (2 * sigma_t2 * dt * dt * _expm1_ratio_slope(x), dt * expm1_ratio(x), torch.ones_like(c))
-    d_noise = tuple((d_log_c * part).sum((0, 2, 3), keepdim=True) for part in partials)
-    d_log_m2 = (ds + through_kappa).sum(-2, keepdim=True)
+    d_noise = tuple((d_c * part).sum((0, 2, 3), keepdim=True) for part in partials)
     d_beta = through_kappa.sum((0, 2, 3), keepdim=True) / beta
-    return p, d_dot, (), (d_log_m2,), (*d_noise, d_beta)
+    return p, d_dot, (), (total.sum(-2, keepdim=True),), (*d_noise, d_beta)
+
+
+def _rt_lag_score(dot, dt, query_scalars, key_scalars, params):
+    """`_rt_score` for the default times: the tile of ``log c(|i − j|)`` comes from a relative table."""
+    log_c, beta = params
+    log_kappa = key_scalars[0] - log_c
+    return log_kappa + _beta_kappa(log_kappa, beta) * (dot - 1)
+
+
+def _rt_lag_tile_backward(score_fn, dot, tq, tk, query_scalars, key_scalars, params, qi, kj, lse, dp, delta):
+    """`_rt_tile_backward` for `_rt_lag_score`: ``∂/∂log c = −G`` on the tile, which the blockwise
+    kernel sums per lag; the parameters' gradients follow from the table by autograd, outside."""
+    log_c, beta = params
+    p, d_dot, through_kappa, total = _rt_tile_grads(dot, key_scalars[0] - log_c, beta, qi, kj, lse, dp, delta)
+    d_beta = through_kappa.sum((0, 2, 3), keepdim=True) / beta
+    return p, d_dot, (), (total.sum(-2, keepdim=True),), (-total.sum(0, keepdim=True), d_beta)
+
+
+def _rt_tile_grads(dot, log_kappa, beta, qi, kj, lse, dp, delta):
+    """``(P, ∂/∂dot, A, G)`` of one tile from ``log κ``: the part both tile backwards share."""
+    b_kappa = _beta_kappa(log_kappa, beta)
+    dm1 = dot - 1
+    p = flush_small(torch.exp(log_kappa + b_kappa * dm1 - lse).masked_fill(kj > qi, 0.0))
+    # products of small factors are flushed too: subnormal operands would slow the matmuls after
+    ds = flush_small(p * (dp - delta), signed=True)
+    d_dot = flush_small(ds * b_kappa, signed=True)
+    through_kappa = flush_small(d_dot * dm1, signed=True)
+    return p, d_dot, through_kappa, ds + through_kappa
 
 
 def _expm1_ratio_slope(x: Tensor) -> Tensor:
@@ -384,13 +453,27 @@ def _complex_view_ok(pairs: Tensor) -> bool:
 
 # ----------------------------------------------------------------------------------------------
 # Backends. Each takes unit (or raw, for normalize_values=False) tensors already rotated to the
-# common frame: qh, kh, vh (B, H, N, D), log_m2 (B, H, N), times (N,) | (B, N), params (H,), and
-# returns Σ_j A_ij vh_j of shape (B, H, N, D) (still in the common frame).
+# common frame: qh, kh, vh (B, H, N, D), log_m2 (B, H, N), times (N,) | (B, N) | None (0 … N−1),
+# params (H,), and returns Σ_j A_ij vh_j of shape (B, H, N, D) (still in the common frame).
+
+
+def _explicit(times: Tensor | None, n: int, device, dtype) -> Tensor:
+    """``(B|1, N)`` times; None stands for ``0, 1, …, N−1``."""
+    if times is None:
+        return torch.arange(n, device=device, dtype=dtype).unsqueeze(0)
+    return times if times.dim() == 2 else times.unsqueeze(0)
+
+
+def _noise_lags(n, mu_r, sigma_t2, eta_t2):
+    """``log c(ℓ)`` for the lags ``ℓ = 0 … N−1`` per head, ``(H, N)``: with the default times every
+    ``|Δt_ij|`` is a lag, so this holds all the transcendental work of the precision."""
+    lags = torch.arange(n, device=mu_r.device, dtype=mu_r.dtype)
+    return log_noise_variance(lags, mu_r[:, None], sigma_t2[:, None], eta_t2[:, None])
 
 
 def _reference(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal):
     n = qh.shape[-2]
-    t = times if times.dim() == 2 else times.unsqueeze(0)
+    t = _explicit(times, n, qh.device, qh.dtype)
     dt = (t[:, :, None] - t[:, None, :]).unsqueeze(1)  # (B|1, 1, N, N)
     heads = [p.view(1, -1, 1, 1) for p in (mu_r, sigma_t2, eta_t2, beta)]
     logits = rt_logits(qh @ kh.transpose(-1, -2), dt, log_m2.unsqueeze(-2), *heads)  # (B, H, N, N)
@@ -402,43 +485,52 @@ def _reference(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal):
 
 
 def _dense(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
-    log_c = _log_noise_table(times, mu_r, sigma_t2, eta_t2, causal)
+    log_c = _log_noise_table(times, mu_r, sigma_t2, eta_t2, causal, qh.shape[-2])
     return _DenseRT.apply(qh, kh, vh, log_m2, log_c, beta, use_compile)
 
 
-def _log_noise_table(times, mu_r, sigma_t2, eta_t2, causal):
+def _log_noise_table(times, mu_r, sigma_t2, eta_t2, causal, n):
     """``log c(|t_i − t_j|)`` per head, ``(B|1, H, N, N)``, ``+inf`` above the diagonal if causal.
 
     It does not depend on the batch when the times do not, so the transcendental work of the
-    precision is ``H·N²`` however large the batch; gradients reach the three parameters through it.
+    precision is ``H·N²`` however large the batch (``H·N`` with the default times, gathered from
+    `_noise_lags`); gradients reach the three parameters through it.
     """
-    t = times if times.dim() == 2 else times.unsqueeze(0)  # (B|1, N)
-    dt = (t[:, None, :, None] - t[:, None, None, :]).abs()  # (B|1, 1, N, N)
-    heads = [p.view(1, -1, 1, 1) for p in (mu_r, sigma_t2, eta_t2)]
-    log_c = torch.log(rt_noise_variance(dt, *heads))
+    if times is None:
+        lag = torch.arange(n, device=mu_r.device)
+        log_c = _noise_lags(n, mu_r, sigma_t2, eta_t2)[:, (lag[:, None] - lag[None]).abs()][None]
+    else:
+        t = _explicit(times, n, mu_r.device, mu_r.dtype)  # (B|1, N)
+        dt = (t[:, None, :, None] - t[:, None, None, :]).abs()  # (B|1, 1, N, N)
+        log_c = log_noise_variance(dt, *(p.view(1, -1, 1, 1) for p in (mu_r, sigma_t2, eta_t2)))
     if causal:
-        n = t.shape[-1]
-        log_c = log_c.masked_fill(torch.ones(n, n, dtype=torch.bool, device=t.device).triu(1), math.inf)
+        log_c = log_c.masked_fill(torch.ones(n, n, dtype=torch.bool, device=log_c.device).triu(1), math.inf)
     return log_c
 
 
 def _dense_weights(dm1, log_m2, log_c, beta):
     """The dense path's ``P = softmax(log κ + β κ (dot − 1))``, ``(B, H, N, N)``, from ``dm1 = dot − 1``.
 
-    Weights below the dtype's smallest normal number are set to 0: they change no sum at any
+    Weights and ``β κ`` below ``tiny^¾`` are set to 0 (`flush_small`): they change no sum at any
     precision, and subnormal operands slow every later multiplication severalfold (the cost would
-    otherwise depend on how spread the logits are, i.e. on the key magnitudes).
+    otherwise depend on the key magnitudes and on how fast the precision decays).
     """
-    b_kappa = torch.exp(log_m2)[..., None, :] * (beta.view(-1, 1, 1) * torch.exp(-log_c))  # β κ
-    logits = (log_m2[..., None, :] - log_c).addcmul_(b_kappa, dm1)
-    return F.threshold_(torch.softmax(logits, dim=-1), torch.finfo(dm1.dtype).tiny, 0.0)
+    logits = (log_m2[..., None, :] - log_c).addcmul_(_dense_beta_kappa(log_m2, log_c, beta), dm1)
+    return flush_small(torch.softmax(logits, dim=-1))
+
+
+def _dense_beta_kappa(log_m2, log_c, beta):
+    """``β κ = β m²_j / c_ij`` of the dense path, ``(B, H, N, N)``, flushed like `_beta_kappa`."""
+    return flush_small(torch.exp(log_m2)[..., None, :] * (beta.view(-1, 1, 1) * torch.exp(-log_c)))
 
 
 def _dense_weights_backward(dp, p, dm1, log_m2, log_c, beta, reduce_table: bool):
     """``(∂/∂dot, ∂/∂log m² (B, H, N), ∂/∂log c (like log_c), ∂/∂β (H,))`` from ``dP = ∂/∂P``."""
-    ds = torch._softmax_backward_data(dp, p, -1, p.dtype)
-    d_dot = ds * (torch.exp(log_m2)[..., None, :] * (beta.view(-1, 1, 1) * torch.exp(-log_c)))
-    through_kappa = d_dot * dm1  # A = dS β κ (dot − 1)
+    ds = flush_small(torch._softmax_backward_data(dp, p, -1, p.dtype), signed=True)
+    d_dot = flush_small(
+        ds * _dense_beta_kappa(log_m2, log_c, beta), signed=True
+    )  # (subnormals: slow matmuls)
+    through_kappa = flush_small(d_dot * dm1, signed=True)  # A = dS β κ (dot − 1)
     total = ds + through_kappa  # G, the total through log κ
     d_c = -(total.sum(0, keepdim=True) if reduce_table else total)
     return d_dot, total.sum(-2), d_c, through_kappa.sum((0, 2, 3)) / beta
@@ -503,7 +595,7 @@ def _fold_separable(qh, kh, vh, log_m2, mu_r, eta_t2, beta):
 
 def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
     d = qh.shape[-1]
-    t = times if times.dim() == 2 else times.unsqueeze(0)  # (B|1, N)
+    t = _explicit(times, qh.shape[-2], qh.device, qh.dtype)  # (B|1, N)
     two_mu = (2 * mu_r).view(1, -1, 1)  # (1, H, 1)
     out = []
     for c0, c1 in _tied_chunks(t, float(two_mu.max())):
@@ -567,10 +659,22 @@ def _sdpa(qx: Tensor, kx: Tensor, vx: Tensor, d: int, *, is_causal=False, mask=N
 
 
 def _blockwise(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
+    if times is None:  # the default times: log c(|i − j|) as a relative table of the kernel
+        lags = _noise_lags(qh.shape[-2], mu_r, sigma_t2, eta_t2)  # (H, N)
+        params = [torch.cat((lags[:, 1:].flip(-1), lags), dim=-1), beta]  # (H, 2N − 1)
+        times = torch.arange(qh.shape[-2], device=qh.device, dtype=qh.dtype)
+    else:
+        params = [mu_r, sigma_t2, eta_t2, beta]
     t = times if times.dim() == 2 else times.unsqueeze(0)
-    return torch.ops.geoattn.rt_blockwise(
-        qh, kh, vh, log_m2, t, mu_r, sigma_t2, eta_t2, beta, causal, use_compile
-    )[0]
+    return torch.ops.geoattn.rt_blockwise(qh, kh, vh, log_m2, t, params, causal, use_compile)[0]
+
+
+def _tile_functions(params: list[Tensor]):
+    """The score and tile backward for the two parameter sets of `_rt_blockwise_op`: a relative
+    table ``(log c (H, 2N − 1), β)`` or the four ``(H,)`` parameters."""
+    if params[0].dim() == 2:
+        return _rt_lag_score, _RT_LAG_TILE_BACKWARD
+    return _rt_score, _RT_TILE_BACKWARD
 
 
 # The blockwise kernel as a custom operator: a compiled graph calls it whole (its Python loops and
@@ -582,31 +686,18 @@ def _rt_blockwise_op(
     vh: Tensor,
     log_m2: Tensor,
     times: Tensor,
-    mu_r: Tensor,
-    sigma_t2: Tensor,
-    eta_t2: Tensor,
-    beta: Tensor,
+    params: list[Tensor],
     causal: bool,
     use_compile: bool,
 ) -> tuple[Tensor, Tensor]:
     b, h, n, _ = qh.shape
-    return blockwise_forward(
-        _rt_score,
-        causal,
-        *default_blocks(b * h, n),
-        use_compile,
-        qh,
-        kh,
-        vh,
-        times,
-        (),
-        (log_m2,),
-        (mu_r, sigma_t2, eta_t2, beta),
-    )
+    score, _ = _tile_functions(params)
+    blocks = default_blocks(b * h, n)
+    return blockwise_forward(score, causal, *blocks, use_compile, qh, kh, vh, times, (), (log_m2,), params)
 
 
 @_rt_blockwise_op.register_fake
-def _(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
+def _(qh, kh, vh, log_m2, times, params, causal, use_compile):
     return torch.empty_like(vh, memory_format=torch.contiguous_format), qh.new_empty(qh.shape[:-1])
 
 
@@ -617,21 +708,20 @@ def _rt_blockwise_backward_op(
     vh: Tensor,
     log_m2: Tensor,
     times: Tensor,
-    mu_r: Tensor,
-    sigma_t2: Tensor,
-    eta_t2: Tensor,
-    beta: Tensor,
+    params: list[Tensor],
     out: Tensor,
     lse: Tensor,
     grad_out: Tensor,
     causal: bool,
     use_compile: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> list[Tensor]:
     b, h, n, _ = qh.shape
+    score, tile_backward = _tile_functions(params)
+    blocks = default_blocks(b * h, n)
     dq, dk, dv, _, (d_m2,), d_params = blockwise_backward(
-        _rt_score,
+        score,
         causal,
-        *default_blocks(b * h, n),
+        *blocks,
         use_compile,
         qh,
         kh,
@@ -639,31 +729,34 @@ def _rt_blockwise_backward_op(
         times,
         (),
         (log_m2,),
-        (mu_r, sigma_t2, eta_t2, beta),
+        params,
         out,
         lse,
         grad_out.contiguous(),
-        tile_backward=_RT_TILE_BACKWARD,
+        tile_backward=tile_backward,
     )
-    return dq, dk, dv, d_m2, *d_params
+    return [dq, dk, dv, d_m2, *d_params]
 
 
 @_rt_blockwise_backward_op.register_fake
-def _(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, out, lse, grad_out, causal, use_compile):
-    like = (qh, kh, vh, log_m2, mu_r, sigma_t2, eta_t2, beta)
-    return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in like)
+def _(qh, kh, vh, log_m2, times, params, out, lse, grad_out, causal, use_compile):
+    return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in (qh, kh, vh, log_m2, *params)]
 
 
 def _blockwise_setup(ctx, inputs, output):
-    *tensors, causal, use_compile = inputs
-    ctx.flags = (causal, use_compile)
-    ctx.save_for_backward(*tensors, *output)
+    qh, kh, vh, log_m2, times, params, causal, use_compile = inputs
+    ctx.flags, ctx.n_params = (causal, use_compile), len(params)
+    ctx.save_for_backward(qh, kh, vh, log_m2, times, *params, *output)
 
 
 def _blockwise_grad(ctx, grad_out, grad_lse):
-    grads = torch.ops.geoattn.rt_blockwise_backward(*ctx.saved_tensors, grad_out, *ctx.flags)
+    qh, kh, vh, log_m2, times, *rest = ctx.saved_tensors
+    params, (out, lse) = rest[: ctx.n_params], rest[ctx.n_params :]
+    grads = torch.ops.geoattn.rt_blockwise_backward(
+        qh, kh, vh, log_m2, times, params, out, lse, grad_out, *ctx.flags
+    )
     dq, dk, dv, d_m2, *d_params = grads
-    return dq, dk, dv, d_m2, None, *d_params, None, None
+    return dq, dk, dv, d_m2, None, d_params, None, None
 
 
 _rt_blockwise_op.register_autograd(_blockwise_grad, setup_context=_blockwise_setup)
@@ -673,7 +766,7 @@ def _flex(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_c
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     b, h, n, _ = qh.shape
-    t = (times if times.dim() == 2 else times.unsqueeze(0)).expand(b, n)
+    t = _explicit(times, n, qh.device, qh.dtype).expand(b, n)
 
     def score_mod(score, bi, hi, qi, kj):
         dt = t[bi, qi] - t[bi, kj]
@@ -700,8 +793,8 @@ def _compiled_flex(flex_attention):
     return _FLEX_CACHE["fn"]
 
 
-_FOLD_SEPARABLE, _FOLD_TIED, _RT_TILE_BACKWARD = (
-    MaybeCompiled(f) for f in (_fold_separable, _fold_tied, _rt_tile_backward)
+_FOLD_SEPARABLE, _FOLD_TIED, _RT_TILE_BACKWARD, _RT_LAG_TILE_BACKWARD = (
+    MaybeCompiled(f) for f in (_fold_separable, _fold_tied, _rt_tile_backward, _rt_lag_tile_backward)
 )
 _PATHS = {
     "separable": _separable,
