@@ -267,3 +267,13 @@ def test_plots_for_a_model_without_rt_layers(task, tmp_path):
     trainer.train()
     x, _ = task.get_batch("val", 1, torch.Generator().manual_seed(0))
     assert {p.name for p in RunDirectory(tmp_path).plot(trainer.model, x)} == {"loss.png", "attention.png"}
+
+
+def test_a_resumed_run_reports_the_wall_time_of_all_its_segments(task, tmp_path):
+    out = tmp_path / "run"
+    first = Trainer(tiny(out, max_iters=4, eval_interval=2), task, out, verbose=False).train()
+    saved = RunDirectory(out).load_trainer_state()["wall_s"]
+    assert 0 < saved <= first["wall_s"]
+    resumed = Trainer(tiny(out, max_iters=8, eval_interval=2), task, out, verbose=False)
+    resumed.resume()
+    assert resumed.train()["wall_s"] > saved

@@ -168,6 +168,9 @@ class Trainer:
         self._lr_scale = [g["lr"] / config.lr for g in self.optimizer.param_groups]
         self.data_generator = torch.Generator().manual_seed(config.seed)
         self.iter = 0
+        # wall time of the training before this process (a resumed run adds it to its own)
+        self.wall_before = 0.0
+        self._segment_start = time.perf_counter()
         self.stop_requested = False
         self._updating = False
         dtype = torch.bfloat16 if config.dtype == "bfloat16" else None
@@ -205,6 +208,10 @@ class Trainer:
         random.setstate(rng["python"])
         _set_numpy_state(rng["numpy"])
 
+    def wall_s(self) -> float:
+        """Training wall time so far, over every process that trained this run (resumes add up)."""
+        return self.wall_before + (time.perf_counter() - self._segment_start)
+
     def save(self) -> None:
         """Checkpoint at ``self.iter`` (rank 0 writes; every rank waits for it)."""
         rngs = self._gather(self._rng_state())
@@ -214,6 +221,7 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(),
                 "rng": rngs,
                 "world_size": self.env.world_size,
+                "wall_s": self.wall_s(),
             }
             self.run.save_checkpoint(self.model, state, self.run_config())
         barrier(self.env)
@@ -242,6 +250,7 @@ class Trainer:
         rngs = state["rng"]
         self._set_rng_state(rngs[self.env.rank] if self.env.rank < len(rngs) else rngs[0])
         self.iter = int(state["iter"])
+        self.wall_before = float(state.get("wall_s", 0.0))
         if self.env.is_main:
             self.run.truncate_metrics(self.iter)
 
@@ -287,7 +296,7 @@ class Trainer:
             disable=not (self.verbose and sys.stderr.isatty()),
             dynamic_ncols=True,
         )
-        start = time.perf_counter()
+        self._segment_start = time.perf_counter()
         interrupted = False
         try:
             while self.iter < config.max_iters:
@@ -328,7 +337,7 @@ class Trainer:
                 signal.signal(sig, handler)
         if interrupted:
             self.save()
-        wall = time.perf_counter() - start
+        wall = self.wall_s()
         result = self.run.last_evaluation() if self.env.is_main else {}
         result.update(iter=self.iter, interrupted=interrupted, wall_s=wall, params=self.model.num_params())
         if self.env.is_main and not interrupted:
