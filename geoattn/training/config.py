@@ -58,8 +58,9 @@ class TrainConfig:
     n_head: int = _opt(4, "attention heads")
     n_embd: int = _opt(
         128,
-        "model width; rotor models read it as 8 numbers per multivector channel: n_embd/8 "
-        "multivector and n_embd/8 scalar channels (override with --set model.channels / model.scalars)",
+        "model width; the nbody rotor model reads it as 8 numbers per multivector channel (n_embd/8 "
+        "multivector and n_embd/8 scalar channels), the lm rotor model as n_embd/2^n multivector "
+        "channels and n_embd scalars (override with --set model.channels / model.scalars)",
     )
     block_size: int = _opt(64, "lm context / filter sequence length")
     dropout: float = _opt(0.0, "dropout probability")
