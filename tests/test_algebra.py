@@ -303,6 +303,15 @@ def test_exp_matches_series(pair: Pair, seed: int, log_scale: float):
     close(alg.exp(B) / torch.from_numpy(rel), ref / rel, 1e-11)
 
 
+@pytest.mark.parametrize("sig", [(4, 0, 0), (5, 0, 0), (3, 0, 1), (2, 2, 0)])
+def test_exp_simple_equals_exp_for_blades(sig):
+    """``exp(B, simple=True)`` (closed form, no grade check) equals the general exp for 2-blades a ∧ b."""
+    alg = CliffordAlgebra(*sig)
+    a, b = alg.vector(rand(0, 6, alg.n)), alg.vector(rand(1, 6, alg.n))
+    blade = alg.outer_product(a, b) * 0.7
+    close(alg.exp(blade, simple=True), alg.exp(blade).numpy(), 1e-12)
+
+
 @pytest.mark.parametrize("sig", [(2, 0, 0), (3, 0, 0), (4, 0, 0), (5, 0, 0), (0, 2, 0)])
 def test_exp_of_bivector_is_a_rotor(sig):
     alg = CliffordAlgebra(*sig)
@@ -351,8 +360,10 @@ def test_rotor_between_matches_formula_and_maps_a_to_b(seed):
         R = alg.rotor_between(a, b)
         ah, bh = a / a.norm(dim=-1, keepdim=True), b / b.norm(dim=-1, keepdim=True)
         numer = pair.gp(alg.vector(bh).numpy(), alg.vector(ah).numpy()) + np.eye(alg.dim)[0]
-        ref = numer / np.sqrt(2 * (1 + (ah * bh).sum(-1, keepdim=True).numpy()))
-        close(R, ref, 1e-11)
+        one_plus_c = 1 + (ah * bh).sum(-1, keepdim=True).numpy()
+        ref = numer / np.sqrt(2 * one_plus_c)
+        # the closed form loses ~eps / (1 + ⟨â, b̂⟩) relative near antiparallel (found by hypothesis)
+        close(R, ref, max(1e-11, 1e-14 / one_plus_c.min()))
         close(alg.sandwich(R, alg.vector(ah)), alg.vector(bh).numpy())
         close(alg.geometric_product(R, alg.reverse(R)), np.broadcast_to(np.eye(alg.dim)[0], R.shape))
 
@@ -519,6 +530,7 @@ def test_compiled_kernels_match_gather_values_and_gradients(monkeypatch):
     )  # the compiled path really ran, second derivative included
 
 
+@torch._dynamo.config.patch(recompile_limit=1)  # (monkeypatch would delete the setting on undo)
 def test_many_algebras_and_widths_in_one_process(monkeypatch):
     """Issue #12: models of several widths and algebras built in one process. Every large product
     (≥ COMPILE_MIN_ROWS rows, forward and backward) goes through torch.compile'd per-blade kernels;
@@ -526,15 +538,14 @@ def test_many_algebras_and_widths_in_one_process(monkeypatch):
     limit (8) on the third algebra. Here the limit is 1: any recompile (per width, per algebra
     instance, per table) makes a product give up its kernel and fails the test; the "eager" backend
     keeps dynamo's tracing and caching without code generation. Small algebras keep the tracing
-    quick (15 kernels here; Cl(3,0,1) and Cl(4) differ only in the size of their tables)."""
+    quick (9 kernels here; Cl(3,0,1) and Cl(4) differ only in the size of their tables)."""
     from geoattn.algebra import kernels
 
     monkeypatch.setattr(kernels, "COMPILE_BACKEND", "eager")
     monkeypatch.setattr(kernels, "_SHARED", {})  # fresh kernels, compiled with the backend above
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     rows = kernels.COMPILE_MIN_ROWS
     runs = 0
-    for sig in [(1, 0, 0), (2, 0, 0), (1, 1, 0), (1, 0, 1), (3, 0, 0), (2, 0, 0)]:
+    for sig in [(2, 0, 0), (1, 0, 1), (3, 0, 0), (2, 0, 0)]:
         for width, dtype in ((1, torch.float32), (3, torch.float32)):
             fast, slow = CliffordAlgebra(*sig), CliffordAlgebra(*sig, compile=False)
             a, b = rand(runs, width, rows, fast.dim).to(dtype), rand(runs + 1, rows, fast.dim).to(dtype)
@@ -546,7 +557,7 @@ def test_many_algebras_and_widths_in_one_process(monkeypatch):
             for x, y in zip(*results):  # float32: the two forms sum in different orders
                 torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-4 if dtype == torch.float32 else 1e-12)
             runs += 1
-    assert len(kernels._SHARED) == 5  # one set of kernels per signature, shared by its instances
+    assert len(kernels._SHARED) == 3  # one set of kernels per signature, shared by its instances
     for products in kernels._SHARED.values():
         assert {"geometric", "geometric.grad_a", "geometric.grad_b"} <= set(products._compiled)
         assert all(kernel is not None for kernel in products._compiled.values())  # none gave up

@@ -81,6 +81,7 @@ Backends:
 from __future__ import annotations
 
 import math
+import types
 import warnings
 from collections.abc import Callable
 from typing import TypeVar
@@ -509,8 +510,8 @@ def _frame_rotors(q, k, ga):
     """Blocks of ``R_ij`` taking key j's frame to query i's: ``R_ij = R2 R1`` with ``R1 = rotor_between``
     (key x → query x) and ``R2 = exp(φ/2 · y_i ∧ z_i)``, the turn about query x by the signed angle φ
     (atan2, well-defined up to a half turn) that takes the moved key y onto the query y."""
-    qx, qy = _frame_axes(q, ga)
-    kx, ky = _frame_axes(k, ga)
+    qx, qy = _frame_axes(ga.vector_part(q[..., 0, :]), ga.vector_part(q[..., 1, :]))
+    kx, ky = _frame_axes(ga.vector_part(k[..., 0, :]), ga.vector_part(k[..., 1, :]))
     qz = torch.linalg.cross(qx, qy)
 
     def block(s: int, e: int, t: int, u: int) -> Tensor:
@@ -541,6 +542,8 @@ def _allowed(nq: int, nk: int, start: int, causal: bool, key_mask: Tensor | None
 # guards, weights) as one torch.compile'd kernel between the GEMMs; eager, each of those steps is a
 # pass over the block (measured here: the eager pointwise passes were 75 % of the compose head's time).
 COMPILE_MIN_PAIRS = 1 << 18
+# torch.compile backend of the block kernels (tests use "aot_eager": tracing without code generation)
+COMPILE_BACKEND = "inductor"
 
 
 class _BlockKernel:
@@ -549,19 +552,29 @@ class _BlockKernel:
     ``kernel(compiled, *args)`` runs the compiled form when ``compiled`` is true and compilation
     works here; a missing compiler or a compile limit warns once and leaves the eager form, which
     computes the same values. Inside a caller's ``torch.compile`` the eager form is traced into its graph.
+    Each variant of a call (dtype, device, grad mode, which arguments are None) compiles its own copy
+    of the function: dynamo keeps its graphs per code object with a recompile limit (8), which one
+    shared function would reach in a process that trains and evaluates in two dtypes (issue #12's
+    crash, for these kernels).
     """
 
     def __init__(self, fn: Callable):
         self.fn = fn
-        self._compiled: Callable | None = None
+        self._compiled: dict[tuple, Callable] = {}
         self.failed = False
 
     def __call__(self, compiled: bool, *args):
         if compiled and not self.failed and not torch.compiler.is_compiling():
-            if self._compiled is None:
-                self._compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+            first = args[0]
+            key = (first.dtype, first.device, torch.is_grad_enabled(), tuple(x is None for x in args))
+            if key not in self._compiled:
+                code = self.fn.__code__.replace(co_name=f"{self.fn.__name__}_{len(self._compiled)}")
+                copy = types.FunctionType(code, self.fn.__globals__, code.co_name, self.fn.__defaults__)
+                self._compiled[key] = torch.compile(
+                    copy, backend=COMPILE_BACKEND, dynamic=True, fullgraph=True
+                )
             try:
-                return self._compiled(*args)
+                return self._compiled[key](*args)
             except (
                 torch._dynamo.exc.BackendCompilerFailed,
                 torch._dynamo.exc.FailOnRecompileLimitHit,
@@ -701,8 +714,14 @@ def _compose(q, k, v, algebra, causal, inverse, key_mask, chunk_size) -> Tensor:
 
 
 # ---------------------------------------------------------------------------- fast: projection, frame
-def _plain_attention(qs: Tensor, kf: Tensor, values: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
-    """``softmax(qs kfᵀ) values`` (scale already in qs): ``(B, H, N, ·)`` → ``(B, H, N, F)``, SDPA."""
+def _plain_attention(q, k, values: Tensor, algebra, causal: bool, key_mask: Tensor | None) -> Tensor:
+    """``softmax_j(Σ_c ⟨reverse(q_ic) k_jc⟩₀ / sqrt(C · dim)) values_j`` with SDPA: q, k
+    ``(B, H, N, C, dim)``, values ``(B, H, N, F)`` → ``(B, H, N, F)``. Where every blade's metric weight
+    is 1 (Euclidean signatures) q goes in as it is, with SDPA's scale (no extra pass over q)."""
+    scale = 1 / math.sqrt(q.shape[-2] * q.shape[-1])
+    euclidean = algebra.q == algebra.r == 0  # every ⟨ẽ_A e_A⟩₀ = 1
+    qs = q.flatten(-2) if euclidean else (q * _tables(algebra, q.device, q.dtype)["logit"]).flatten(-2)
+    kf = k.flatten(-2)
     mask = None
     if key_mask is not None and not causal:
         mask = key_mask[:, None, None, :]  # (B, 1, 1, N): broadcast, no N×N
@@ -711,7 +730,7 @@ def _plain_attention(qs: Tensor, kf: Tensor, values: Tensor, causal: bool, key_m
         # (B, 1, N, N) bool mask (1 byte a pair; padded causal sequences are the rare case)
         mask = _allowed(qs.shape[2], kf.shape[2], 0, causal, key_mask, qs.device)
         causal = False
-    return F.scaled_dot_product_attention(qs, kf, values, attn_mask=mask, is_causal=causal, scale=1.0)
+    return F.scaled_dot_product_attention(qs, kf, values, attn_mask=mask, is_causal=causal, scale=scale)
 
 
 def _projection(q, k, v, algebra, causal, key_mask) -> Tensor:
@@ -724,13 +743,12 @@ def _projection(q, k, v, algebra, causal, key_mask) -> Tensor:
     scalar = v[..., algebra.grade_slice(0)] * (bb / bb.clamp_min(guard_eps(bb.dtype)))  # (v₀ b) b⁻¹
     vec = (v[..., algebra.grade_slice(1)] * b * metric).sum(-1, keepdim=True) * inv_b
     moved = algebra.vector(vec) + F.pad(scalar, (0, dim - 1))  # the scalar is blade 0
-    out = _plain_attention(_logit_queries(q, algebra), k.flatten(-2), moved.flatten(-2), causal, key_mask)
+    out = _plain_attention(q, k, moved.flatten(-2), algebra, causal, key_mask)
     return out.view(B, H, N, Cv, dim)
 
 
-def _frame_axes(x: Tensor, algebra: CliffordAlgebra) -> tuple[Tensor, Tensor]:
-    """Gram–Schmidt x, y axes from channels 0, 1: ``(B, H, N, C, 8)`` → two ``(B, H, N, 3)``."""
-    c0, c1 = algebra.vector_part(x[..., 0, :]), algebra.vector_part(x[..., 1, :])
+def _frame_axes(c0: Tensor, c1: Tensor) -> tuple[Tensor, Tensor]:
+    """Gram–Schmidt x, y axes from the vector parts of channels 0, 1: two ``(..., 3)`` → two ``(..., 3)``."""
     ex = c0 / c0.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS)
     y = c1 - (c1 * ex).sum(-1, keepdim=True) * ex
     return ex, y / y.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS)
@@ -762,24 +780,25 @@ def _rotation_action_table(algebra: CliffordAlgebra) -> tuple[Tensor, Tensor, Te
     return T0, T.reshape(n * n, dim * dim), T.transpose(0, 1).reshape(n * n, dim * dim)
 
 
-def _frame_action(x: Tensor, algebra: CliffordAlgebra, into: bool) -> Tensor:
-    """Row-convention action matrix of each token's frame rotor: ``(B, H, N, C, 8)`` → ``(B, H, N, 8, 8)``;
-    ``into``: ``u @ M = F̃ u F`` (coordinates in the frame), else ``u @ M = F u F̃`` (back to the world)."""
-    T0, T, Tt = _cached(
-        algebra,
-        ("rotation_action", x.device, x.dtype),
-        lambda: tuple(t.to(x.device, x.dtype) for t in _rotation_action_table(algebra)),
-    )
-    ex, ey = _frame_axes(x, algebra)
-    # [x y z] concatenated is vec(Rotᵀ) for the frame's rotation Rot = [x y z] (axes as columns), and
-    # into the frame is u ↦ u @ Rot
+def _frame_transform(c0: Tensor, c1: Tensor, m: Tensor, T0: Tensor, T: Tensor) -> Tensor:
+    """``m`` moved by each token's frame rotor: c0, c1 ``(B, H, N, 3)`` (the frame's channels), m
+    ``(B, H, N, Cv, 8)``, T0 and T (out of the frame) or Tt (into it) from
+    :func:`_rotation_action_table` → ``(B, H, N, Cv, 8)``."""
+    ex, ey = _frame_axes(c0, c1)
+    # [x y z] concatenated is vec(Rotᵀ) for the frame's rotation Rot = [x y z] (axes as columns)
     axes = torch.cat([ex, ey, torch.linalg.cross(ex, ey)], dim=-1)  # (B, H, N, 9)
-    return (axes @ (Tt if into else T)).view(*axes.shape[:-1], algebra.dim, algebra.dim) + T0
+    return m @ ((axes @ T).view(*axes.shape[:-1], *T0.shape) + T0)
 
 
 def _frame(q, k, v, algebra, causal, key_mask) -> Tensor:
     """``F_i (Σ_j α_ij F̃_j v_j F_j) F̃_i``: values into key frames, plain attention, out of query frames."""
     B, H, N, Cv, dim = v.shape
-    local = v @ _frame_action(k, algebra, into=True)  # (B, H, N, Cv, dim)
-    agg = _plain_attention(_logit_queries(q, algebra), k.flatten(-2), local.flatten(-2), causal, key_mask)
-    return agg.view(B, H, N, Cv, dim) @ _frame_action(q, algebra, into=False)
+    T0, T, Tt = _cached(
+        algebra,
+        ("rotation_action", q.device, q.dtype),
+        lambda: tuple(t.to(q.device, q.dtype) for t in _rotation_action_table(algebra)),
+    )
+    vec = algebra.grade_slice(1)
+    local = _frame_transform(k[..., 0, vec], k[..., 1, vec], v, T0, Tt)  # into the key frames
+    agg = _plain_attention(q, k, local.flatten(-2), algebra, causal, key_mask)
+    return _frame_transform(q[..., 0, vec], q[..., 1, vec], agg.view(B, H, N, Cv, dim), T0, T)
