@@ -44,6 +44,7 @@ MODELS = ("rotor", "mace", "schnet")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``geoattn bench molecule``."""
     parser.add_argument("--name", default="aspirin", help="molecule (see geoattn data make molecule --help)")
     parser.add_argument("--data", default=None, help="a molecule .npz (default: the cached default file)")
     parser.add_argument("--n-train", type=int, default=1000, help="training configurations (rMD17: 1000)")
@@ -69,6 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train every model of ``--models`` on the same file and split, then print the table."""
     torch.set_num_threads(args.threads)
     task = MoleculeTask(
         MoleculeConfig(name=args.name, data=args.data, n_train=args.n_train, n_val=args.n_val)

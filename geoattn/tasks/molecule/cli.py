@@ -34,6 +34,7 @@ def add_make_molecule(kinds: argparse._SubParsersAction) -> None:
 
 
 def cmd_make_molecule(args: argparse.Namespace) -> int:
+    """Build the file of the flags' settings (unless cached or ``--force``) and print its path."""
     names = [f.name for f in dataclasses.fields(TrajectorySettings)]
     settings = TrajectorySettings(**{name: getattr(args, name) for name in names})
     print(make_trajectory(settings, force=args.force))

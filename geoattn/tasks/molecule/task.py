@@ -76,6 +76,7 @@ class MoleculeConfig:
             raise ConfigError(f"task.n_train and task.n_val must be ≥ 1, got {self.n_train}, {self.n_val}")
 
     def trajectory_settings(self) -> TrajectorySettings:
+        """The data builder's settings of this task's default file."""
         return TrajectorySettings(
             name=self.name,
             frames=self.frames,
@@ -158,6 +159,7 @@ class MoleculeTask(Task):
         return float(t.energies[idx].mean()), float(np.sqrt((t.forces[idx] ** 2).mean()))
 
     def model_config(self, sizes: ModelSizes, options: dict[str, Any]) -> MoleculeModelConfig:
+        """The energy model's config: the run's sizes and ``model.*`` options, the task's embedding."""
         c = self.config
         fixed = {
             "algebra": "cl3",

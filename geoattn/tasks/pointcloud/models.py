@@ -69,6 +69,7 @@ class PointRotor(TaskModel):
 
 
 def check_points(x: Tensor) -> None:
+    """ValueError unless ``x`` is a batch of clouds ``(B, P, 3)``."""
     if x.dim() != 3 or x.shape[-1] != 3:
         raise ValueError(f"x has shape {tuple(x.shape)}, expected (B, P, 3) points")
 

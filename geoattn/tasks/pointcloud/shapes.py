@@ -36,6 +36,7 @@ def _tube(center: Tensor, tangent: Tensor, radius: float, v: Tensor) -> Tensor:
 
 
 def ellipsoid(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    """Ellipsoid with random semi-axes in [0.5, 1] (θ = πu, φ = 2πv: denser at the poles)."""
     a, b, c = (_uniform(g, 0.5, 1.0) for _ in range(3))
     theta, phi = math.pi * u, TWO_PI * v
     return torch.stack((a * torch.sin(theta) * torch.cos(phi), b * torch.sin(theta) * torch.sin(phi),
@@ -43,6 +44,7 @@ def ellipsoid(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
 
 
 def torus(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    """Torus with random major radius in [0.6, 1] and tube radius in [0.15, 0.35]."""
     big, small = _uniform(g, 0.6, 1.0), _uniform(g, 0.15, 0.35)
     ring = big + small * torch.cos(TWO_PI * v)
     return torch.stack((ring * torch.cos(TWO_PI * u), ring * torch.sin(TWO_PI * u),
@@ -50,6 +52,7 @@ def torus(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
 
 
 def cylinder(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    """Open cylinder (no caps) along z, random radius and height."""
     radius, height = _uniform(g, 0.3, 0.6), _uniform(g, 1.0, 2.0)
     return torch.stack(
         (radius * torch.cos(TWO_PI * u), radius * torch.sin(TWO_PI * u), height * (v - 0.5)), -1
@@ -57,6 +60,7 @@ def cylinder(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
 
 
 def cone(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    """Cone surface along z, apex up, random base radius and height."""
     radius, height = _uniform(g, 0.4, 0.8), _uniform(g, 0.8, 1.6)
     r = radius * (1 - v)
     return torch.stack((r * torch.cos(TWO_PI * u), r * torch.sin(TWO_PI * u), height * (v - 0.5)), -1)
@@ -79,6 +83,7 @@ def box(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
 
 
 def helix(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    """Tube around a helix along z: 2–4 turns, random radius, height, tube radius, handedness."""
     turns, radius, height = _uniform(g, 2.0, 4.0), _uniform(g, 0.4, 0.8), _uniform(g, 1.0, 2.0)
     tube = _uniform(g, 0.05, 0.12)
     hand = 1.0 if _uniform(g, 0, 1) < 0.5 else -1.0  # either handedness: the class is not chiral
@@ -90,6 +95,7 @@ def helix(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
 
 
 def mobius(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    """Möbius strip of random width around the unit circle."""
     width = _uniform(g, 0.3, 0.6)
     t, w = TWO_PI * u, width * (2 * v - 1)
     ring = 1 + w / 2 * torch.cos(t / 2)
@@ -97,12 +103,14 @@ def mobius(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
 
 
 def saddle(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    """Hyperbolic-paraboloid patch z = c (x² − y²) over [−1, 1]², random curvature c."""
     curvature = _uniform(g, 0.4, 0.9)
     x, y = 2 * u - 1, 2 * v - 1
     return torch.stack((x, y, curvature * (x * x - y * y)), -1)
 
 
 def trefoil(u: Tensor, v: Tensor, g: torch.Generator) -> Tensor:
+    """Tube of random radius around a trefoil knot."""
     tube = _uniform(g, 0.1, 0.25)
     t = TWO_PI * u
     center = torch.stack((torch.sin(t) + 2 * torch.sin(2 * t), torch.cos(t) - 2 * torch.cos(2 * t),
