@@ -16,6 +16,7 @@ EXTRAS = {  # extra -> what it brings
     "hf": "Hugging Face transformers and tokenizers (geoattn.hf, geoattn export)",
     "docs": "MkDocs, mkdocstrings (make docs)",
     "tensorboard": "TensorBoard event files (--logger tensorboard)",
+    "molecules": "tblite, ASE, RDKit, MACE, SchNetPack (geoattn data make molecule, geoattn bench molecule)",
 }
 
 

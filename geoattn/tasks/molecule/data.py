@@ -27,7 +27,6 @@ OpenMP reductions may round differently with other thread counts, and MD amplifi
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from types import ModuleType
 
 import numpy as np
 
+from geoattn import extras
 from geoattn.errors import ConfigError, DataError
 
 MOLECULE_FORMAT = "geoattn-molecule"
@@ -54,14 +54,9 @@ MOLECULES = {
 }
 
 
-def require(module: str, extra: str = EXTRA) -> ModuleType:
-    """``import module``, or a one-line :class:`ConfigError` naming the extra that provides it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as err:
-        raise ConfigError(
-            f"{module} is not installed ({err}); install the '{extra}' extra: pip install 'geoattn[{extra}]'"
-        ) from None
+def require(module: str) -> ModuleType:
+    """``import module`` of the ``molecules`` extra, or a one-line ConfigError saying how to install it."""
+    return extras.require(module, extra=EXTRA, purpose="the molecule task")
 
 
 def molecule_name(name: str) -> str:
