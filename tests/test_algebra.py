@@ -22,7 +22,7 @@ SIGNATURES = [(3, 0, 0), (2, 1, 0), (1, 3, 0), (3, 0, 1), (4, 0, 0), (0, 2, 0), 
 EUCLIDEAN = [(2, 0, 0), (3, 0, 0), (4, 0, 0), (5, 0, 0), (6, 0, 0)]
 TOL = 1e-12
 SEEDS = st.integers(0, 2**32 - 1)
-FEW = settings(max_examples=8, deadline=None)
+FEW = settings(max_examples=8, deadline=None, derandomize=True)  # the same examples in CI as here
 
 
 @dataclass
