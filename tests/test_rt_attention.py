@@ -111,7 +111,7 @@ def _grads(out, inputs, seed=1):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("regime", [*REGIMES, "general-blockwise"])
+@pytest.mark.parametrize("regime", [*REGIMES, "general-blockwise", "separable-dense"])
 @pytest.mark.parametrize(("dtype", "tol"), [(F64, 1e-10), (torch.float32, 2e-4)])
 def test_auto_matches_reference_values_and_gradients(regime, causal, dtype, tol, monkeypatch):
     # Small tiles and short tied chunks, so that several query blocks, key chunks and SDPA chunks run.
@@ -122,6 +122,10 @@ def test_auto_matches_reference_values_and_gradients(regime, causal, dtype, tol,
     if regime == "general-blockwise":  # too long for the dense tile: the blockwise kernel
         regime = "general"
         monkeypatch.setattr(rt, "DENSE_MAX_N", 16)
+    elif regime in ("separable", "tied"):  # past the dense tile: their SDPA paths
+        monkeypatch.setattr(rt, "DENSE_MAX_N", 16)
+    elif regime == "separable-dense":  # short: the dense tile, whatever the structure
+        regime = "separable"
     q, k, v, omega, positions = _inputs(dtype=dtype)
     params = _params(regime, dtype=dtype)
     # The SDPA paths are exact on their parameter manifold only, so there only what stays on it
@@ -136,9 +140,9 @@ def test_auto_matches_reference_values_and_gradients(regime, causal, dtype, tol,
     spy = _PathSpy(monkeypatch)
     structure = "general" if regime == "tied" and not causal else regime  # tied needs causal
     out = rt_attention(q, k, v, backend="auto", structure=structure, **kwargs)
-    expected = {"separable": "separable", "tied": "tied", "general": "dense"}[structure]
-    if rt.DENSE_MAX_N < q.shape[2] and structure == "general":
-        expected = "blockwise"
+    expected = {"separable": "separable", "tied": "tied", "general": "blockwise"}[structure]
+    if q.shape[2] <= rt.DENSE_MAX_N:
+        expected = "dense"
     assert spy.paths == [expected]
     ref = rt_attention(q, k, v, backend="reference", **kwargs)
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
@@ -185,7 +189,8 @@ def test_path_choice_reads_no_values(monkeypatch):
     for structure, dense_max_n, path in (
         ("general", 512, "dense"),
         ("general", 8, "blockwise"),
-        ("separable", 512, "separable"),
+        ("separable", 512, "dense"),
+        ("separable", 8, "separable"),
     ):
         monkeypatch.setattr(rt, "DENSE_MAX_N", dense_max_n)
         params = _params("separable")  # σ_t² = 0 whatever the structure: values do not choose
@@ -346,8 +351,10 @@ def test_dense_tile_only_within_its_bounds():
     assert choose("auto", "general", cpu, 48, 64, params, True) == "dense"
     assert choose("auto", "general", cpu, 48, rt.DENSE_MAX_N, params, True) == "dense"
     assert choose("auto", "general", cpu, 48, rt.DENSE_MAX_N + 1, params, True) == "blockwise"
-    too_many = rt.DENSE_MAX_ELEMENTS // 256**2 + 1
-    assert choose("auto", "general", cpu, too_many, 256, params, True) == "blockwise"
+    too_many = rt.DENSE_MAX_ELEMENTS // 64**2 + 1
+    assert choose("auto", "general", cpu, too_many, 64, params, True) == "blockwise"
+    assert choose("auto", "separable", cpu, 48, 64, params, True) == "dense"  # any structure
+    assert choose("auto", "separable", cpu, 48, rt.DENSE_MAX_N + 1, params, True) == "separable"
 
 
 def test_blockwise_saves_only_linear_statistics():

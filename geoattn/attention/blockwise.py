@@ -2,15 +2,19 @@
 
 `blockwise_attention` computes ``o_i = Σ_j softmax_j(score_ij) v_j`` where ``score_ij`` is any
 differentiable function of block tensors: the dot products ``⟨q_i, k_j⟩``, the signed time
-differences ``t_i − t_j``, per-query and per-key scalars and per-head parameters. It never holds
-an N×N tensor: queries are processed in blocks, keys in chunks with a running max and
-log-sum-exp, key chunks above the causal diagonal are skipped, and the backward pass recomputes
-each tile from the O(N) statistics saved by the forward (FlashAttention-2 style,
-``dS = P ⊙ (dP − rowsum(dO ⊙ O))``), then differentiates the score function of that tile with
-autograd. Large problems run the per-tile elementwise work through `torch.compile` (see
-`COMPILE_MIN_PAIRS`); the matmuls stay in BLAS. RT-Filter attention (`geoattn.attention.rt`) plugs
-its score function into it, and so can the isotropic RFA baseline (its score
-``−precision(Δt)·|q − e^{−μΔt} R k|²`` expands into ``dot``, ``Δt``, per-query and per-key norms).
+differences ``t_i − t_j``, per-query and per-key scalars, per-head parameters and relative tables
+(functions of ``i − j``). It never holds an N×N tensor: queries are processed in blocks, keys in
+chunks with a running max and log-sum-exp, key chunks above the causal diagonal are skipped, and
+the backward pass recomputes each tile from the O(N) statistics saved by the forward
+(FlashAttention-2 style, ``dS = P ⊙ (dP − rowsum(dO ⊙ O))``), then differentiates the score
+function of that tile, with autograd or with derivatives the caller writes out
+(`blockwise_backward`'s ``tile_backward``; RT-Filter attention does, so that its kernel runs inside
+a custom operator). Large problems run the per-tile elementwise work through `torch.compile` (see
+`COMPILE_MIN_PAIRS`); the matmuls stay in BLAS. Subnormal weights are flushed (`flush_small`), so
+the cost does not depend on how sharp the attention is. RT-Filter attention
+(`geoattn.attention.rt_kernel`) plugs its score function into it, and so could the isotropic RFA
+baseline (its score ``−precision(Δt)·|q − e^{−μΔt} R k|²`` expands into ``dot``, ``Δt``, per-query
+and per-key norms).
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ ScoreFn = Callable[[Tensor, Tensor, tuple[Tensor, ...], tuple[Tensor, ...], tupl
 _TILE_ELEMENTS = 1 << 19
 _MAX_BLOCK_K = 512
 _MIN_BLOCK_Q = 16
-# Problems with at least this many (B·H·N²) score entries compile their tile functions by default.
-COMPILE_MIN_PAIRS = 1 << 22
+# Problems with at least this many (B·H·N²) score entries compile their tile functions by default
+# (tests and toy sizes stay eager; the LM recipe's 12 × 4 heads compile from N = 128 on).
+COMPILE_MIN_PAIRS = 1 << 19
 
 
 def flush_small(x: Tensor, signed: bool = False) -> Tensor:
@@ -175,17 +180,21 @@ class _Tiles:
         return tuple(s[..., None, j0:j1].clone() for s in self.key_scalars)
 
     @staticmethod
-    def indices(i0: int, i1: int, j0: int, j1: int, causal: bool, n: int, device) -> tuple[Tensor, Tensor]:
+    def indices(
+        i0: int, i1: int, j0: int, j1: int, causal: bool, n: int, device, offset: int = 0
+    ) -> tuple[Tensor, Tensor]:
         """``(bq, 1)`` query and ``(1, bk)`` key indices; a key is masked where its index is larger.
-        Without a causal mask the query indices are shifted past every key."""
-        shift = 0 if causal else n
+        Query ``i`` has the index ``i + offset``; without a causal mask the query indices are
+        shifted past every key."""
+        shift = offset if causal else n
         return torch.arange(i0 + shift, i1 + shift, device=device)[:, None], torch.arange(
             j0, j1, device=device
         )[None]
 
 
 def _key_end(i1: int, n: int, causal: bool) -> int:
-    return i1 if causal else n
+    """The end of the keys a query block ``[·, i1)`` sees (``i1`` includes any query offset)."""
+    return min(i1, n) if causal else n
 
 
 def _tile_forward(score_fn, dot, tq, tk, qs, ks, ps, qi, kj, run_max):
@@ -331,34 +340,42 @@ def blockwise_backward(
     lse: Tensor,
     grad_out: Tensor,
     tile_backward: MaybeCompiled | None = None,
+    query_offset: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor], list[Tensor], list[Tensor]]:
-    """The recomputing backward of `blockwise_forward`: ``(dq, dk, dv, d query_scalars,
-    d key_scalars, d params)``, each shaped like its input.
+    """The recomputing backward of `blockwise_forward` (or of any softmax attention whose per-query
+    log-sum-exp ``lse`` is known): ``(dq, dk, dv, d query_scalars, d key_scalars, d params)``, each
+    shaped like its input.
 
     ``tile_backward``: the tile's ``(p, d_dot, d_qs, d_ks, d_ps)`` with the signature of
     `_tile_backward`, e.g. a score function's derivatives written out; default: autograd through
     ``score_fn`` (which needs the autograd dispatch, so not inside a custom operator).
+    ``query_offset``: the queries may be a later part of the sequence, ``q (B, H, Nq, ·)`` with query
+    ``i`` at index ``i + query_offset`` among ``N ≥ Nq`` keys (``times`` has the keys' length).
     """
     tile_backward = tile_backward or _BACKWARD
     tiles = _Tiles(times, query_scalars, key_scalars, params)
-    b, h, n, _ = q.shape
+    b, h, nq, _ = q.shape
+    n = k.shape[2]
     # (B·H, N, ·) accumulators: the tiles' products are batched matrix products over B·H
-    dq, dk, dv = (torch.zeros(b * h, n, x.shape[-1], dtype=x.dtype, device=x.device) for x in (q, k, v))
-    q3, k3, v3, do3 = (x.reshape(b * h, n, x.shape[-1]) for x in (q, k, v, grad_out))
+    dq, dk, dv = (
+        torch.zeros(b * h, x.shape[2], x.shape[-1], dtype=x.dtype, device=x.device) for x in (q, k, v)
+    )
+    q3, k3, v3, do3 = (x.reshape(b * h, x.shape[2], x.shape[-1]) for x in (q, k, v, grad_out))
     grad_qs = [torch.zeros_like(s) for s in query_scalars]
     grad_ks = [torch.zeros_like(s) for s in key_scalars]
     grad_ps = [torch.zeros_like(p) for p in params]
     delta = (grad_out * out).sum(-1)  # (B, H, N), rowsum(dO ⊙ O)
-    for i0 in range(0, n, block_q):
-        i1 = min(i0 + block_q, n)
+    for i0 in range(0, nq, block_q):
+        i1 = min(i0 + block_q, nq)
         q_blk, do_blk, qs, tq = q3[:, i0:i1], do3[:, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
         lse_blk, delta_blk = lse[:, :, i0:i1, None].clone(), delta[:, :, i0:i1, None].clone()
-        for j0 in range(0, _key_end(i1, n, causal), block_k):
-            j1 = min(j0 + block_k, _key_end(i1, n, causal))
+        key_end = _key_end(i1 + query_offset, n, causal)
+        for j0 in range(0, key_end, block_k):
+            j1 = min(j0 + block_k, key_end)
             k_c, v_c = k3[:, j0:j1], v3[:, j0:j1]
             dot = torch.bmm(q_blk, k_c.transpose(-1, -2)).view(b, h, i1 - i0, j1 - j0)
             dp = torch.bmm(do_blk, v_c.transpose(-1, -2)).view(b, h, i1 - i0, j1 - j0)
-            qi, kj = _Tiles.indices(i0, i1, j0, j1, causal, n, q.device)
+            qi, kj = _Tiles.indices(i0, i1, j0, j1, causal, n, q.device, query_offset)
             p, d_dot, d_qs, d_ks, d_ps = tile_backward(
                 use_compile,
                 score_fn,
@@ -388,7 +405,7 @@ def blockwise_backward(
                     tiles.add_relative(acc, g, i0, j1)
                 else:
                     acc += g.reshape(acc.shape)
-    dq, dk, dv = (g.view(b, h, n, -1) for g in (dq, dk, dv))
+    dq, dk, dv = (g.view(b, h, g.shape[1], -1) for g in (dq, dk, dv))
     return dq, dk, dv, grad_qs, grad_ks, grad_ps
 
 

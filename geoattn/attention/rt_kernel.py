@@ -19,22 +19,34 @@ Backends: ``"reference"`` (explicit N×N, the oracle), ``"auto"`` (below), and f
 tests the paths forced by name, ``"dense"``, ``"blockwise"`` and ``"flex"``. ``auto`` chooses from
 static facts only: the ``structure`` the caller declares, which parameters need gradients, the
 shapes and the device; it never reads a tensor's values, so it runs under
-``torch.compile(fullgraph=True)`` and its cost does not depend on the data:
+``torch.compile(fullgraph=True)``:
 
-* ``structure="separable"`` (``σ_t² = 0``): ``κ_j = m_j²/η_t²`` depends on the key only; SDPA with
-  ``κ_j`` folded into the key and the bias ``log κ_j − β κ_j`` as one extra coordinate (query side 1),
-  ``scale = 1``;
+* ``structure="separable"`` (``σ_t² = 0``): ``κ_j = m_j²/η_t²`` depends on the key only; SDPA's
+  forward with ``κ_j`` folded into the key and the bias ``log κ_j − β κ_j`` as one extra coordinate
+  (query side 1), ``scale = 1``;
 * ``structure="tied"`` (``σ_t² = 2 μ_r η_t²``, causal, non-decreasing times): ``c = η_t² e^{2 μ_r Δt}``,
   so ``κ_ij = s_i a_j`` with ``s_i = e^{−2μ_r (t_i − t₀)}`` and ``a_j = m_j² e^{2μ_r (t_j − t₀)}/η_t²``;
   SDPA again, queries split into chunks whose time span keeps ``e^{2 μ_r (t − t₀)}`` bounded
   (``t₀``: the chunk's first query time; ``log s_i`` is constant per query and cancels). The chunk
   plan depends on ``μ_r`` and the times, so this one path reads values (and breaks a compiled graph);
-* ``structure="general"`` (the default): the dense exact kernel when one ``N × N`` tile per head is
-  small (``N ≤ DENSE_MAX_N`` and ``B·H·N² ≤ DENSE_MAX_ELEMENTS``): the logits in four fused passes
-  from a batch-independent ``log c(|Δt|)`` table and a hand-written backward that saves two
-  ``N × N`` tiles; otherwise FlexAttention with a ``score_mod`` on CUDA and, elsewhere, the
-  blockwise flash-style kernel of `geoattn.attention.blockwise` (O(N) memory), registered as a
+* ``structure="general"`` (the default): FlexAttention with a ``score_mod`` on CUDA and, elsewhere,
+  the blockwise flash-style kernel of `geoattn.attention.blockwise` (O(N) memory), registered as a
   custom operator so that a compiled graph calls it whole.
+
+Short sequences take, whatever the structure, the dense exact kernel: one ``N × N`` tile per head
+(``N ≤ DENSE_MAX_N`` and ``B·H·N² ≤ DENSE_MAX_ELEMENTS``; the one exception to "no N×N tensor",
+bounded like a tile of the blockwise kernel), the logits in four passes from a batch-independent
+``log c(|Δt|)`` table, and a hand-written backward that saves two ``N × N`` tensors. There fixed
+per-call costs dominate and one tile costs less than the alternatives' set-up.
+
+With the default times (``positions=None``) every ``|Δt_ij|`` is an integer lag, and the dense and
+blockwise paths take ``log c`` from one ``(H, N)`` table over the lags instead of evaluating it per
+pair. On the CPU the SDPA paths use SDPA's forward and a blockwise backward (`_softmax_attention_op`).
+
+The cost does not depend on the data: weights, precisions and their products below ``tiny^¾`` are
+set to zero (`geoattn.attention.blockwise.flush_small`; they change no sum, but as subnormal numbers
+each multiplication would cost many times more, and how many there are depends on the key
+magnitudes), and ``log c`` is taken in log space where ``c`` would overflow (`log_noise_variance`).
 
 The separable and tied paths are exact only on their parameter manifold: a declared structure whose
 parameters need gradients off it (``sigma_t2`` for separable; ``mu_r, sigma_t2, eta_t2`` for tied)
@@ -42,10 +54,10 @@ runs the general path instead. In eager mode the declaration is checked against 
 ValueError if it does not hold), like the other parameter constraints; compiled graphs skip these
 value checks.
 
-Problems with ``B·H·N² ≥ COMPILE_MIN_PAIRS`` run the per-token preparation and the blockwise tiles
-through `torch.compile` (the first call compiles, for tens of seconds on a CPU); smaller ones run
-eagerly. Half-precision inputs are computed in float32, with autocast switched off inside
-(`geoattn.attention.dtypes`).
+Problems with ``B·H·N² ≥ COMPILE_MIN_PAIRS`` run the elementwise work of the dense path, the folds
+and the blockwise tiles through `torch.compile` (the first call compiles, for tens of seconds on a
+CPU); smaller ones run eagerly. Half-precision inputs are computed in float32, with autocast switched
+off inside (`geoattn.attention.dtypes`).
 """
 
 from __future__ import annotations
@@ -72,9 +84,11 @@ from geoattn.rt.precision import expm1_ratio, rt_noise_variance
 BACKENDS = ("auto", "reference", "dense", "blockwise", "flex")
 STRUCTURES = ("general", "separable", "tied")
 
-# The dense path holds about two (B, H, N, N) float tensors per call for the backward: within these
-# bounds that is at most 2 × 64 MB, and a tile of N ≤ 512 keys is what the blockwise kernel uses anyway.
-DENSE_MAX_N = 512
+# The dense path holds two (B, H, N, N) tensors per call for the backward; it beats the blockwise
+# kernel (whose tiles stay in cache) up to N ≈ 128 on a CPU (one RT layer of the LM recipe, fwd+bwd,
+# both with compiled elementwise work: 11.8 vs 12.9 ms at N = 64, 30.8 vs 29.5 at N = 128, 108 vs
+# 65 at N = 256); the element bound keeps its memory in check for large batches.
+DENSE_MAX_N = 128
 DENSE_MAX_ELEMENTS = 1 << 24
 
 # Largest 2 μ_r (t − t₀) within one SDPA chunk of the tied family: e^{±60} keeps the folded
@@ -576,7 +590,7 @@ class _DenseRT(torch.autograd.Function):
 
 def _separable(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
     folded = _FOLD_SEPARABLE(use_compile, qh, kh, vh, log_m2, mu_r, eta_t2, beta)
-    return _sdpa(*folded, qh.shape[-1], is_causal=causal)
+    return _sdpa(*folded, qh.shape[-1], causal, 0, use_compile)
 
 
 def _fold_separable(qh, kh, vh, log_m2, mu_r, eta_t2, beta):
@@ -612,11 +626,7 @@ def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, 
             eta_t2,
             beta,
         )
-        if c0 == 0:  # a square block from the start: SDPA's own causal mask
-            out.append(_sdpa(*folded, d, is_causal=causal))
-        else:
-            visible = torch.ones(c1 - c0, c1, dtype=torch.bool, device=qh.device).tril(c0)
-            out.append(_sdpa(*folded, d, mask=visible))
+        out.append(_sdpa(*folded, d, causal, c0, use_compile))  # queries from c0 on, keys from 0
     return torch.cat(out, dim=-2)
 
 
@@ -651,11 +661,107 @@ def _tied_chunks(t: Tensor, two_mu_max: float) -> list[tuple[int, int]]:
     return chunks
 
 
-def _sdpa(qx: Tensor, kx: Tensor, vx: Tensor, d: int, *, is_causal=False, mask=None) -> Tensor:
-    """SDPA with ``scale=1`` on folded queries/keys of width D + 2 and values zero-padded to the same
-    width (SDPA's fused CPU kernels need equal widths); the output is cropped back to ``(…, D)``."""
-    out = F.scaled_dot_product_attention(qx, kx, vx, attn_mask=mask, is_causal=is_causal, scale=1.0)
+def _sdpa(qx: Tensor, kx: Tensor, vx: Tensor, d: int, causal: bool, offset: int, use_compile: bool) -> Tensor:
+    """Softmax attention with ``scale=1`` on folded queries/keys of width D + 2 and values zero-padded
+    to the same width (SDPA's fused CPU kernels need equal widths), cropped back to ``(…, D)``.
+    ``offset``: the queries are the sequence's from that index on (the tied family's chunks)."""
+    if qx.device.type == "cpu":
+        return torch.ops.geoattn.softmax_attention(qx, kx, vx, causal, offset, use_compile)[0][..., :d]
+    mask = None
+    if causal and offset:
+        mask = torch.ones(qx.shape[-2], kx.shape[-2], dtype=torch.bool, device=qx.device).tril(offset)
+    out = F.scaled_dot_product_attention(
+        qx, kx, vx, attn_mask=mask, is_causal=causal and not offset, scale=1.0
+    )
     return out[..., :d]
+
+
+# SDPA's forward with a backward that does not slow down on sharp attention: PyTorch's CPU SDPA
+# backward recomputes exp(s − lse), and for logits spread over more than ~87 (large key
+# magnitudes, as the folded precisions make them) many of those are subnormal; measured here, a
+# logit scale of 30 made SDPA's fwd+bwd 11× slower. The blockwise backward flushes them instead.
+@torch.library.custom_op("geoattn::softmax_attention", mutates_args=())
+def _softmax_attention_op(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, offset: int, use_compile: bool
+) -> tuple[Tensor, Tensor]:
+    nq, nk = q.shape[-2], k.shape[-2]
+    mask = None
+    if causal and offset:  # query i sees the keys j ≤ i + offset: an additive (Nq, Nk) mask
+        visible = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(offset)
+        mask = torch.zeros(nq, nk, dtype=q.dtype, device=q.device).masked_fill_(~visible, -math.inf)
+    # (CPU only, see _sdpa: this kernel returns the log-sum-exp that the backward needs)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out, lse = flash(q, k, v, 0.0, causal and not offset, attn_mask=mask, scale=1.0)
+    return out.contiguous(), lse
+
+
+@_softmax_attention_op.register_fake
+def _(q, k, v, causal, offset, use_compile):
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:-1])
+
+
+@torch.library.custom_op("geoattn::softmax_attention_backward", mutates_args=())
+def _softmax_attention_backward_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    causal: bool,
+    offset: int,
+    use_compile: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    b, h, nq, _ = q.shape
+    times = q.new_zeros(1, k.shape[-2])  # the plain score does not use them
+    dq, dk, dv, *_ = blockwise_backward(
+        _dot_score,
+        causal,
+        *default_blocks(b * h, k.shape[-2]),
+        use_compile,
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        times,
+        (),
+        (),
+        (),
+        out,
+        lse,
+        grad_out.contiguous(),
+        tile_backward=_DOT_TILE_BACKWARD,
+        query_offset=offset,
+    )
+    return dq, dk, dv
+
+
+@_softmax_attention_backward_op.register_fake
+def _(q, k, v, out, lse, grad_out, causal, offset, use_compile):
+    return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
+
+
+def _softmax_attention_setup(ctx, inputs, output):
+    q, k, v, causal, offset, use_compile = inputs
+    ctx.flags = (causal, offset, use_compile)
+    ctx.save_for_backward(q, k, v, *output)
+
+
+def _softmax_attention_grad(ctx, grad_out, grad_lse):
+    dq, dk, dv = torch.ops.geoattn.softmax_attention_backward(*ctx.saved_tensors, grad_out, *ctx.flags)
+    return dq, dk, dv, None, None, None
+
+
+_softmax_attention_op.register_autograd(_softmax_attention_grad, setup_context=_softmax_attention_setup)
+
+
+def _dot_score(dot, dt, query_scalars, key_scalars, params):
+    return dot
+
+
+def _dot_tile_backward(score_fn, dot, tq, tk, query_scalars, key_scalars, params, qi, kj, lse, dp, delta):
+    """The tile backward of plain softmax attention (score = dot), subnormals flushed."""
+    p = flush_small(torch.exp(dot - lse).masked_fill(kj > qi, 0.0))
+    return p, flush_small(p * (dp - delta), signed=True), (), (), ()
 
 
 def _blockwise(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
@@ -793,8 +899,9 @@ def _compiled_flex(flex_attention):
     return _FLEX_CACHE["fn"]
 
 
-_FOLD_SEPARABLE, _FOLD_TIED, _RT_TILE_BACKWARD, _RT_LAG_TILE_BACKWARD = (
-    MaybeCompiled(f) for f in (_fold_separable, _fold_tied, _rt_tile_backward, _rt_lag_tile_backward)
+_FOLD_SEPARABLE, _FOLD_TIED, _RT_TILE_BACKWARD, _RT_LAG_TILE_BACKWARD, _DOT_TILE_BACKWARD = (
+    MaybeCompiled(f)
+    for f in (_fold_separable, _fold_tied, _rt_tile_backward, _rt_lag_tile_backward, _dot_tile_backward)
 )
 _PATHS = {
     "separable": _separable,
@@ -810,13 +917,13 @@ def _choose_path(backend, structure, device, batch_heads, n, params, causal) -> 
     if backend != "auto":
         return backend
     mu_r, sigma_t2, eta_t2, _ = params
+    if n <= DENSE_MAX_N and batch_heads * n * n <= DENSE_MAX_ELEMENTS:
+        return "dense"  # short sequences: every structure, exactly (for σ_t² = 0 its table is log η_t²)
     if structure == "separable" and not sigma_t2.requires_grad:
         return "separable"
     process_grad = mu_r.requires_grad or sigma_t2.requires_grad or eta_t2.requires_grad
     if structure == "tied" and causal and not process_grad:
         return "tied"
-    if n <= DENSE_MAX_N and batch_heads * n * n <= DENSE_MAX_ELEMENTS:
-        return "dense"
     return "flex" if device.type == "cuda" else "blockwise"
 
 
