@@ -692,7 +692,7 @@ def _softmax_attention_op(
     # (CPU only, see _sdpa: this kernel returns the log-sum-exp that the backward needs)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     out, lse = flash(q, k, v, 0.0, causal and not offset, attn_mask=mask, scale=1.0)
-    return out.contiguous(), lse
+    return out.contiguous(), lse.contiguous()  # (the layouts the fake implementation promises)
 
 
 @_softmax_attention_op.register_fake
