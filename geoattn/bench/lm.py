@@ -3,8 +3,9 @@
 A step is what the trainer does (`geoattn.training.trainer.Trainer._step`): forward, backward,
 gradient clipping, AdamW, ``zero_grad`` and the weight renormalisation of the hypersphere models,
 with the trainer's default hyper-parameters, on random token batches of ``--batch`` × T. Every model
-of ``LM_MODELS`` is measured (models added there appear here), each eagerly and through
-``torch.compile`` (the trainer's ``--compile``), plus the RT model with each ablation switch off.
+of the lm task (``LMTask.models``: ``LM_MODELS`` and the rotor LM, parameter-matched at the recipe's
+width) is measured, each eagerly and through ``torch.compile`` (the trainer's ``--compile``), plus
+the RT model with each ablation switch off and the rotor LM with ``aggregation="compose"``.
 All variants of one T are timed round-robin, one step each in turn (`interleaved_times`), so the
 ratio to ``transformer`` compares steps taken under the same machine load; the table reports
 min / median / max over ``--repeats`` steps and the ratio of medians. ``first s`` is the wall time
@@ -27,7 +28,10 @@ import torch
 from geoattn.bench.common import CLOCKS, interleaved_times, spread
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
-from geoattn.models.lm import LM_MODELS, LMConfig, build_lm
+from geoattn.models.base import ModelSizes
+from geoattn.models.lm import LMConfig, build_lm
+from geoattn.models.rotor_lm import RotorLM, RotorLMConfig
+from geoattn.tasks.lm.task import LMTask
 from geoattn.training.config import TrainConfig
 
 # The RT model's switches (SPEC §1.3.4), each measured off.
@@ -38,7 +42,11 @@ _PHASES = ("forward", "backward", "optimizer", "renormalise")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--models", nargs="+", default=list(LM_MODELS), choices=list(LM_MODELS), help="models to measure"
+        "--models",
+        nargs="+",
+        default=list(LMTask.models),
+        choices=list(LMTask.models),
+        help="models to measure",
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024], help="context lengths T")
     parser.add_argument("--batch", type=int, default=12, help="sequences per step")
@@ -82,10 +90,13 @@ class Variant:
 
 
 def variants(models: list[str], ablations: list[str], compile_mode: str) -> list[Variant]:
-    """Every model, then ``rt`` with each ablated switch, for each compile setting."""
+    """Every model, then ``rt`` with each ablated switch and ``rotor`` composing, for each compile
+    setting."""
     rows = [(m, ()) for m in models]
     if "rt" in models:
         rows += [("rt", ((name, False),)) for name in ablations]
+    if "rotor" in models:
+        rows.append(("rotor", (("aggregation", "compose"),)))
     return [Variant(m, opts, c) for c in COMPILE_MODES[compile_mode] for m, opts in rows]
 
 
@@ -94,11 +105,15 @@ def training_step(
 ) -> Callable[[], None]:
     """A closure running one trainer-equivalent step of ``variant`` at context ``t``."""
     train = TrainConfig()
-    config = LMConfig(
-        block_size=t, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, **dict(variant.options)
-    )
+    sizes = ModelSizes(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=t)
+    options = dict(variant.options)
     torch.manual_seed(args.seed)
-    model = build_lm(variant.model, config)
+    if variant.model == "rotor":  # as the lm task builds it (`LMTask._build`)
+        config = RotorLMConfig.from_sizes(sizes, options, vocab_size=LMConfig.vocab_size, block_size=t)
+        model = RotorLM(config)
+    else:
+        config = LMConfig.from_sizes(sizes, options, block_size=t)
+        model = build_lm(variant.model, config)
     step_model = torch.compile(model) if variant.compiled else model
     optimizer = torch.optim.AdamW(
         model.optim_groups(train.weight_decay), lr=train.lr, betas=(train.beta1, train.beta2)

@@ -146,6 +146,17 @@ class RotorAttention(nn.Module):
             if positions is None:
                 raise ValueError("RotorAttention: positional_encoding=True needs positions")
             q, k = self.positional(q, positions), self.positional(k, positions)
+        o = self._heads(q, k, v, mask)  # (B, H, N, Ch, dim) in head order
+        o = o * self.grade_gain.to(o.dtype)[:, self.grades][:, None, None, :]
+        return self.out(o.permute(0, 2, 1, 3, 4).reshape(B, N, H * Ch, -1), None)
+
+    # Left out of a caller's torch.compile: inductor (torch 2.13, CPU) generated a backward for the heads
+    # inside this layer that corrupted the heap (glibc "corrupted double-linked list"; reproduced with
+    # `geoattn bench lm --models rotor --compile on`), while the kernel compiled on its own, and the
+    # layer with the kernel left out, are exact. The kernel compiles its own block kernels either way.
+    @torch.compiler.disable
+    def _heads(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """Each group of heads of one type through :func:`rotor_attention`; ``(B, H, N, Ch, dim)``."""
         outs = [
             rotor_attention(
                 q[:, idx],
@@ -160,9 +171,7 @@ class RotorAttention(nn.Module):
             )
             for t, idx in self.groups.items()
         ]
-        o = torch.cat(outs, 1)[:, self.order]  # (B, H, N, Ch, dim) in head order
-        o = o * self.grade_gain.to(o.dtype)[:, self.grades][:, None, None, :]
-        return self.out(o.permute(0, 2, 1, 3, 4).reshape(B, N, H * Ch, -1), None)
+        return torch.cat(outs, 1)[:, self.order]
 
 
 class RotorBlock(nn.Module):
