@@ -112,6 +112,32 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(workdir, monkeypatch):
     assert plan(spec, workdir / "runs")[0].status == "done"
 
 
+def test_a_run_claimed_by_a_live_process_is_left_to_it(workdir):
+    """Two experiments sharing a run, started side by side: the second skips it instead of training
+    into the same directory; a claim whose process has died is taken over."""
+    import subprocess
+    import sys
+
+    spec = load_spec("tiny")
+    first = plan(spec, workdir / "runs")[:1]
+    claim = first[0].out.with_name(first[0].out.name + ".running")
+    claim.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim.write_text(str(holder.pid))
+        lines = []
+        execute(spec, first, print_line=lines.append)
+        assert "another process is training this run" in lines[-1]
+        assert not first[0].out.exists() and claim.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    lines = []
+    execute(spec, first, print_line=lines.append)  # its holder is gone: the claim is stale
+    assert "done" in lines[-1] and not claim.exists()
+    assert plan(spec, workdir / "runs")[0].status == "done"
+
+
 def test_aggregation_and_verdicts_on_known_numbers():
     a, flat = Stat([1.0, 2.0, 3.0]), Stat([2.0, 2.0, 2.0, 2.0])
     assert (a.mean, a.std, a.n) == (2.0, 1.0, 3) and str(a) == "2.000 ± 1.0 (n=3)"

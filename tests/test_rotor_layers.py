@@ -116,12 +116,13 @@ def test_rotor_attention_layer_with_compose_is_equivariant(ga, dtype):
 
 @pytest.mark.parametrize("ga_name", ["cl3", "pga"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
-def test_rotor_transformer_is_equivariant(ga_name, dtype):
+@pytest.mark.parametrize("aggregation", ["sum", "compose"])
+def test_rotor_transformer_is_equivariant(ga_name, dtype, aggregation):
     torch.manual_seed(2)
     heads = ("rotation", "reflection", "projection") + (("frame",) if ga_name == "cl3" else ())
     config = RotorTransformerConfig(
         algebra=ga_name, in_channels=2, in_scalars=1, out_channels=1, out_scalars=2, channels=6, scalars=4,
-        n_layer=2, head_types=heads, head_channels=2,
+        n_layer=2, head_types=heads, head_channels=2, aggregation=aggregation,
     )  # fmt: skip
     model = RotorTransformer(config)
     x, s = _inputs(model.algebra, dtype, C=2, S=1)
@@ -273,3 +274,15 @@ def test_layer_errors_name_the_problem():
         model(torch.randn(2, 5, 2, 8), None)
     with pytest.raises(ValueError, match="mask must be bool"):
         model(torch.randn(2, 5, 2, 8), torch.randn(2, 5, 1), torch.ones(2, 5))
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"aggregation": "mean"}, "aggregation"),
+        ({"aggregation": "compose", "head_types": ("projection",)}, "none"),
+    ],
+)
+def test_rotor_transformer_rejects_bad_aggregation(options, match):
+    with pytest.raises(ValueError, match=match):
+        RotorTransformerConfig(**options)

@@ -163,8 +163,9 @@ def run(args: argparse.Namespace) -> int:
         f"{torch.get_num_threads()} threads, {args.repeats} steps each, round-robin, {args.clock} clock"
     )
     headers = ["T", "model", "compile", "first s", "min ms", "median ms", "max ms", "× transformer"]
-    table, profiles = [], []
-    for t in args.sizes:
+    profiles = []
+    for t in args.sizes:  # one table per T, printed as soon as it is measured
+        table = []
         torch._dynamo.reset()  # each T compiles its own static-shape graphs
         steps, first, failed = {}, {}, {}
         for v in rows:
@@ -187,9 +188,9 @@ def run(args: argparse.Namespace) -> int:
             peer = medians.get(Variant("transformer", (), v.compiled))
             ratio = f"{medians[v] / peer:.2f}" if peer else "n/a"
             table.append([t, v.label, _on(v), f"{first[v]:.1f}", *spread(times[v]), ratio])
+        print(format_table(headers, table), flush=True)
         if args.profile:
             profiles += [_profile(v, args, t) for v in steps]
-    print(format_table(headers, table))
     for text in profiles:
         print("\n" + text)
     return 0

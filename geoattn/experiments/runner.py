@@ -60,31 +60,45 @@ def plan(spec: ExperimentSpec, runs: Path) -> list[RunPlan]:
 
 def run_one(
     config: dict[str, Any],
-    resume: bool,
     evaluate: bool,
     threads: int | None = None,
     stop_file: str | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) one run in this process; evaluate it if asked. Returns its summary.
 
-    A queued run whose ``stop_file`` exists returns ``{"skipped": True}`` at once (the suite was
-    interrupted while it waited in a worker's queue)."""
+    Whether it starts, resumes or only evaluates is read from its directory once this process holds
+    the run's claim (:func:`_claim`); a run claimed by another live process returns
+    ``{"skipped": True, "busy": True}``. A queued run whose ``stop_file`` exists returns
+    ``{"skipped": True}`` at once (the suite was interrupted while it waited in a worker's queue)."""
     if stop_file is not None and Path(stop_file).exists():
         return {"skipped": True, "interrupted": True, "iter": None}
     import torch
 
-    from geoattn.tasks import get_task
     from geoattn.training.config import TrainConfig
-    from geoattn.training.evaluate import evaluation_rows, load_run
-    from geoattn.training.trainer import Trainer
 
     if threads:
         torch.set_num_threads(threads)
     train = TrainConfig(**config)
     run = RunDirectory(train.out)
-    summary = run.read_summary()
-    finished = summary.get("iter") == train.max_iters and not summary.get("interrupted")
-    if not finished:
+    lock = _claim(Path(train.out))
+    if lock is None:  # another `geoattn experiment` (one sharing this run) is training it now
+        return {"skipped": True, "busy": True, "iter": None}
+    try:
+        return _train_and_evaluate(train, run, evaluate)
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _train_and_evaluate(train, run: RunDirectory, evaluate: bool) -> dict[str, Any]:
+    from geoattn.tasks import get_task
+    from geoattn.training.evaluate import evaluation_rows, load_run
+    from geoattn.training.trainer import Trainer
+
+    status, _ = _status(run, train.max_iters, evaluate)  # now, under the claim (the plan may be old)
+    if status == "done":
+        return run.read_summary()
+    if status in ("new", "resume"):
+        resume = status == "resume"
         run.prepare(resume=resume)
         task = get_task(train, meta=run.read_config()["task"] if resume else None)
         trainer = Trainer(train, task, run.path, verbose=False)
@@ -98,6 +112,36 @@ def run_one(
         rows = [dataclasses.asdict(r) for r in evaluation_rows(loaded)]
         run.write_evaluation(rows)
     return run.read_summary()
+
+
+def _claim(out: Path) -> Path | None:
+    """Claim the run ``out`` for this process: ``out.running`` beside it, holding our pid, created
+    atomically. None when a live process holds it (two experiments sharing a run, started side by
+    side); a claim left by a dead process is taken over."""
+    lock = out.with_name(out.name + ".running")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                text = lock.read_text()
+                if not text:
+                    return None  # being claimed right now
+                os.kill(int(text), 0)
+                return None  # alive
+            except (ValueError, ProcessLookupError, FileNotFoundError):
+                lock.unlink(missing_ok=True)  # stale: its process is gone
+                continue
+            except PermissionError:
+                return None  # alive, another user's
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return lock
+    return None
+
+
+BUSY = "skipped: another process is training this run (rerun the command once it has finished)"
 
 
 def _raise_interrupt(signum, frame) -> None:
@@ -131,7 +175,10 @@ def execute(
                 p.status, "starting"
             )
             print_line(_line(index, total, p, begin))
-            summary = run_one(p.config, p.status != "new", spec.evaluate)
+            summary = run_one(p.config, spec.evaluate)
+            if summary.get("busy"):
+                print_line(_line(index, total, p, BUSY))
+                continue
             if summary.get("interrupted"):
                 print_line(
                     _line(index, total, p, f"interrupted at iter {summary['iter']} (checkpoint saved)")
@@ -147,11 +194,14 @@ def execute(
     try:
         futures = {}
         for index, p in enumerate(todo, 1):
-            job = (p.config, p.status != "new", spec.evaluate, threads, str(stop))
+            job = (p.config, spec.evaluate, threads, str(stop))
             futures[pool.submit(run_one, *job)] = (index, p)
         for future in as_completed(futures):
             index, p = futures[future]
             summary = future.result()
+            if summary.get("busy"):
+                print_line(_line(index, total, p, BUSY))
+                continue
             if summary.get("skipped"):
                 continue
             if summary.get("interrupted"):

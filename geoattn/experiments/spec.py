@@ -196,8 +196,9 @@ def load_spec(name: str) -> ExperimentSpec:
     return spec
 
 
-# fields that do not change what a run computes: left out of its directory's key
-NOT_KEYED = ("out", "seed", "logger", "plots", "log_interval")
+# fields that do not change what a run computes: left out of its directory's key (``compile`` runs the
+# same maths through torch.compile: a cell's runs may mix compiled and eager ones, and share runs)
+NOT_KEYED = ("out", "seed", "logger", "plots", "log_interval", "compile")
 
 
 def cell_dir(runs: Path, config: dict[str, Any]) -> Path:

@@ -179,7 +179,8 @@ class RotorBlock(nn.Module):
 
     ``forward(x (B, N, C, dim), s (B, N, S) | None, mask (B, N) | None) -> (x, s)`` of the same shapes.
     ``per_grade_norm``: :class:`GradeLayerNorm` normalises each grade separately (else all blades
-    together); the MLP's hidden width is ``mlp_ratio · channels``.
+    together); the MLP's hidden width is ``mlp_ratio · channels``; ``aggregation`` of the rotation
+    heads as in :class:`RotorAttention`.
     """
 
     def __init__(
@@ -193,6 +194,7 @@ class RotorBlock(nn.Module):
         inverse: bool = False,
         per_grade_norm: bool = False,
         mlp_ratio: int = 2,
+        aggregation: str = "sum",
     ):
         super().__init__()
         C, S = channels, scalars
@@ -200,7 +202,9 @@ class RotorBlock(nn.Module):
         self.norm2 = GradeLayerNorm(algebra, per_grade=per_grade_norm)
         self.snorm1 = nn.LayerNorm(S) if S else None
         self.snorm2 = nn.LayerNorm(S) if S else None
-        self.attn = RotorAttention(algebra, C, head_types, head_channels, scalars=S, inverse=inverse)
+        self.attn = RotorAttention(
+            algebra, C, head_types, head_channels, scalars=S, inverse=inverse, aggregation=aggregation
+        )
         self.mlp = GeometricMLP(algebra, C, S, hidden=mlp_ratio * C)
 
     def forward(self, x: Tensor, s: Tensor | None, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:

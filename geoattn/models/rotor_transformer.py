@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.rotor_kernel import HEAD_TYPES
+from geoattn.attention.rotor_kernel import AGGREGATIONS, HEAD_TYPES
 from geoattn.errors import ConfigError
 from geoattn.layers.multivector import EquiLinear
 from geoattn.layers.rotor_block import RotorBlock
@@ -53,6 +53,8 @@ class RotorTransformerConfig:
         mlp_ratio: hidden multivector channels of each block's geometric MLP / channels.
         inverse: rotation heads use key → query rotors (default query → key).
         norm: "joint" (one invariant norm over all grades, GATr's) or "per_grade" (each grade alone).
+        aggregation: how rotation heads aggregate: "sum" (Σ_j α_ij R_ij v_j R̃_ij) or "compose" (one
+            mean rotor per query applied to the weighted mean value; SPEC §2.5).
 
     ``norm="joint"`` keeps the grades' relative sizes (e.g. |position| against the scalar channels);
     ``"per_grade"`` hides every grade's size from the next layer.
@@ -71,6 +73,7 @@ class RotorTransformerConfig:
     mlp_ratio: int = 2
     inverse: bool = False
     norm: str = "joint"
+    aggregation: str = "sum"
 
     def __post_init__(self) -> None:
         self.head_types = tuple(self.head_types)
@@ -94,6 +97,15 @@ class RotorTransformerConfig:
         if "frame" in self.head_types and (self.algebra != "cl3" or self.head_channels < 2):
             raise ConfigError(
                 "RotorTransformerConfig: 'frame' heads need algebra='cl3' and head_channels ≥ 2"
+            )
+        if self.aggregation not in AGGREGATIONS:
+            raise ConfigError(
+                f"RotorTransformerConfig.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}"
+            )
+        if self.aggregation == "compose" and "rotation" not in self.head_types:
+            raise ConfigError(
+                f"RotorTransformerConfig.aggregation='compose' applies to rotation heads, and head_types "
+                f"{self.head_types} has none"
             )
         if self.norm not in ("joint", "per_grade"):
             raise ConfigError(
@@ -168,6 +180,7 @@ class RotorTransformer(nn.Module):
                 inverse=config.inverse,
                 per_grade_norm=config.norm == "per_grade",
                 mlp_ratio=config.mlp_ratio,
+                aggregation=config.aggregation,
             )
             for _ in range(config.n_layer)
         )
