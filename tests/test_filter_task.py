@@ -134,6 +134,22 @@ def test_particle_filter_converges_to_the_kalman_filter_without_gains():
     assert particle_err < 0.6 * raw_err and abs(particle_err - kalman_err) < 0.1 * raw_err
 
 
+def test_particle_filter_stays_finite_with_many_particles():
+    """10⁴ particles draw initial tangent steps beyond π (sin|τ| < 0): once NaN for every weight."""
+    c = FilterConfig()  # the task's defaults: initial steps of up to 0.5 rad per dimension
+    pool = FilterTask(c).pool("val")
+    particle = estimators.particle_filter(
+        pool.z[:10, :4],
+        pool.times[:10, :4],
+        c.sde(),
+        m0_range=c.m0_range,
+        gain_ratio=c.gain_ratio,
+        n_particles=10_000,
+        generator=torch.Generator().manual_seed(1),
+    )
+    assert torch.isfinite(particle).all()
+
+
 def test_get_batch_is_deterministic_given_the_generator(task):
     def draw(split, seed):
         return task.get_batch(split, 6, torch.Generator().manual_seed(seed))

@@ -310,7 +310,11 @@ def particle_filter(
     log_m = math.log(low) + (math.log(high) - math.log(low)) * draw(batch, n_particles, uniform=True)
     x = log_m.exp()[..., None] * _tangent_exp(u1.expand_as(tau), tau)
     sinc = torch.where(angle > 1e-6, torch.sin(angle) / angle.clamp_min(1e-6), torch.ones_like(angle))
-    log_proposal = -0.5 * (angle / s[..., 0]).square() - (dim - 2) * torch.log(sinc)
+    log_proposal = -0.5 * (angle / s[..., 0]).square() - (dim - 2) * torch.log(sinc.abs())
+    # The proposal is the Gaussian restricted to |τ| < π, where exp is one-to-one (its density there
+    # is the one above up to a constant); a draw beyond π (a few in 10⁴ at s = 0.5 in R⁸) would
+    # count a point of the sphere twice and once gave sin|τ| < 0, i.e. NaN weights for every particle.
+    log_proposal = torch.where(angle < math.pi, log_proposal, math.inf)
     log_w = torch.log_softmax(_log_likelihood(z1, x, eta_r2, eta_t2, gain_ratio) - log_proposal, dim=-1)
 
     def estimate() -> Tensor:
