@@ -363,11 +363,17 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         print(f"experiment {spec.name}: {len(plans)} runs ({sum(p.status != 'done' for p in plans)} to run)")
         print(format_table(["cell", "seed", "status", "run directory"], rows))
         return 0
+    failure = None
     if not args.report_only:
-        execute(spec, plans, jobs=args.jobs, print_line=lambda line: print(line, flush=True))
+        try:
+            execute(spec, plans, jobs=args.jobs, print_line=lambda line: print(line, flush=True))
+        except UserError as err:  # some runs failed: report the others, then say which
+            failure = err
         plans = plan(spec, runs)
     path = write_report(spec, plans, Path(args.results), runs)
     print(f"wrote {path}")
+    if failure is not None:
+        raise failure
     return 0
 
 

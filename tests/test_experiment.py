@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from conftest import SHAKESPEARE
 
 from geoattn.cli import main
+from geoattn.errors import CheckpointError
 from geoattn.experiments import execute, load_spec, plan
 from geoattn.experiments.report import Stat, compare, verdict
 from geoattn.tasks import get_task
@@ -136,6 +138,27 @@ def test_a_run_claimed_by_a_live_process_is_left_to_it(workdir):
     execute(spec, first, print_line=lines.append)  # its holder is gone: the claim is stale
     assert "done" in lines[-1] and not claim.exists()
     assert plan(spec, workdir / "runs")[0].status == "done"
+
+
+def test_a_failing_run_is_reported_and_the_others_still_run(workdir, monkeypatch, capsys):
+    """A run that raises a user error (here: a damaged checkpoint) fails alone: the rest of the grid
+    trains, the report is written, and the command ends with one line naming the failed run, exit 2."""
+    import geoattn.experiments.runner as runner
+
+    real = runner._train_and_evaluate
+    broken = plan(load_spec("tiny"), workdir / "runs" / "experiments")[1].out
+
+    def train_or_fail(train, run, evaluate):
+        if Path(run.path).resolve() == Path(broken).resolve():
+            raise CheckpointError(f"checkpoint in {broken} is inconsistent")
+        return real(train, run, evaluate)
+
+    monkeypatch.setattr(runner, "_train_and_evaluate", train_or_fail)
+    assert main(["experiment", "tiny"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.count(": done") == 3 and captured.out.count("failed: checkpoint") == 1
+    assert "1 of 4 runs failed" in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert (workdir / "results" / "tiny.md").exists()
 
 
 def test_aggregation_and_verdicts_on_known_numbers():

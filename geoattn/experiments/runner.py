@@ -19,6 +19,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from geoattn.errors import UserError
 from geoattn.experiments.spec import Cell, ExperimentSpec
 from geoattn.training.run_dir import RunDirectory
 
@@ -166,16 +167,41 @@ def execute(
     print_line: Callable[[str], None] = print,
 ) -> None:
     """Run every plan that is not done: in this process (``jobs=1``) or in ``jobs`` worker
-    processes with ``cpu_count // jobs`` threads each. One progress line per run."""
+    processes with ``cpu_count // jobs`` threads each. One progress line per run.
+
+    A run that fails with a user error (e.g. an inconsistent checkpoint left by a killed process) is
+    reported on its line and the others still run; then a UserError lists the failed runs."""
     todo = [p for p in plans if p.status != "done"]
     total = len(todo)
+    failed: list[str] = []
+
+    def fail(index: int, p: RunPlan, err: UserError) -> None:
+        print_line(_line(index, total, p, f"failed: {err}"))
+        failed.append(f"{p.cell.name} seed {p.seed} ({p.out})")
+
+    try:
+        _execute(spec, todo, jobs, print_line, fail)
+    finally:
+        sys.stdout.flush()
+    if failed:
+        raise UserError(f"{len(failed)} of {total} runs failed: " + "; ".join(failed))
+
+
+def _execute(spec, todo: list[RunPlan], jobs: int, print_line, fail) -> None:
+    total = len(todo)
+    if not todo:
+        return
     if jobs <= 1:
         for index, p in enumerate(todo, 1):
             begin = {"resume": f"resuming at iter {p.at_iter}", "evaluate": "evaluating"}.get(
                 p.status, "starting"
             )
             print_line(_line(index, total, p, begin))
-            summary = run_one(p.config, spec.evaluate)
+            try:
+                summary = run_one(p.config, spec.evaluate)
+            except UserError as err:
+                fail(index, p, err)
+                continue
             if summary.get("busy"):
                 print_line(_line(index, total, p, BUSY))
                 continue
@@ -189,7 +215,7 @@ def execute(
     threads = max(1, (os.cpu_count() or 1) // jobs)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
-    stop = Path(plans[0].out).parents[1] / f".stop-{os.getpid()}"  # RUNS/.stop-PID
+    stop = Path(todo[0].out).parents[1] / f".stop-{os.getpid()}"  # RUNS/.stop-PID
     stop.unlink(missing_ok=True)
     try:
         futures = {}
@@ -198,7 +224,11 @@ def execute(
             futures[pool.submit(run_one, *job)] = (index, p)
         for future in as_completed(futures):
             index, p = futures[future]
-            summary = future.result()
+            try:
+                summary = future.result()
+            except UserError as err:
+                fail(index, p, err)
+                continue
             if summary.get("busy"):
                 print_line(_line(index, total, p, BUSY))
                 continue
