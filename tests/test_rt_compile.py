@@ -127,3 +127,21 @@ def test_custom_operators_agree_with_their_fake_implementations(offset):
     ):
         args = (qh, kh, vh, log_m2, times, params, True, False)
         torch.library.opcheck(torch.ops.geoattn.rt_blockwise.default, args)
+
+
+def test_the_default_compiles_only_winning_models_in_long_runs():
+    """``--compile`` unset: on for the lm task's transformer, rt and ngpt from COMPILE_MIN_ITERS steps
+    (where the compilation is won back), off for short runs and other models; an explicit value wins."""
+    from geoattn.tasks.filter import FilterTask
+    from geoattn.tasks.lm import LMTask
+    from geoattn.training.config import COMPILE_MIN_ITERS, TrainConfig
+    from geoattn.training.trainer import Trainer
+
+    lm, filt = LMTask.__new__(LMTask), FilterTask.__new__(FilterTask)  # the classes decide, not the data
+    long, short = COMPILE_MIN_ITERS, COMPILE_MIN_ITERS - 1
+    assert Trainer.compiled(TrainConfig(task="lm", model="rt", max_iters=long), lm)
+    assert not Trainer.compiled(TrainConfig(task="lm", model="rt", max_iters=short), lm)
+    assert not Trainer.compiled(TrainConfig(task="lm", model="rotor", max_iters=long), lm)
+    assert not Trainer.compiled(TrainConfig(task="filter", model="rt", max_iters=long), filt)
+    assert not Trainer.compiled(TrainConfig(task="lm", model="rt", max_iters=long, compile=False), lm)
+    assert Trainer.compiled(TrainConfig(task="lm", model="rotor", max_iters=10, compile=True), lm)

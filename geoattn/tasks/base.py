@@ -53,6 +53,9 @@ class Task(ABC):
     # model name -> TrainConfig fields of its best known recipe (measured; see results/): the defaults
     # of `geoattn train --task T --model M`, below anything the user sets
     recipes: ClassVar[dict[str, dict[str, Any]]] = {}
+    # models whose torch.compile'd training step measured faster (`geoattn bench lm`): the trainer
+    # compiles them by default in runs long enough to win back the compilation (TrainConfig.compile)
+    compile_wins: ClassVar[frozenset[str]] = frozenset()
 
     # ------------------------------------------------------------------ construction -------------
     @classmethod

@@ -26,6 +26,11 @@ else:  # pragma: no cover - Python 3.10
 OPTION_TABLES = ("model_options", "task_options")
 
 
+# the default --compile needs this many steps: the first compiled steps cost 1–8 s (BENCHMARKS.md),
+# won back after ~350 steps at the LM recipe (rt: 64 → 40 ms per step)
+COMPILE_MIN_ITERS = 500
+
+
 def _opt(default: Any, help: str, **kw: Any) -> Any:
     """A TrainConfig field with its command-line help (flags are generated from these)."""
     if isinstance(default, dict):
@@ -99,7 +104,12 @@ class TrainConfig:
     seed: int = _opt(1337, "seed for initialisation and data")
     device: str = _opt("cpu", "cpu | cuda")
     dtype: str = _opt("float32", "float32 | bfloat16 (autocast; bf16 keeps fp32's range: no loss scaling)")
-    compile: bool = _opt(False, "torch.compile the model for training (exact: same maths, fused kernels)")
+    compile: bool | None = _opt(
+        None,
+        "torch.compile the model for training (exact: same maths, fused kernels); default: on in runs "
+        f"of ≥ {COMPILE_MIN_ITERS} steps for the models whose compiled step measured faster "
+        "(lm: transformer, rt, ngpt), else off",
+    )
 
     def __post_init__(self) -> None:
         positive = ("n_layer", "n_head", "n_embd", "block_size", "max_iters", "batch_size")

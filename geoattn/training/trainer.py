@@ -35,7 +35,7 @@ import geoattn
 from geoattn.errors import CheckpointError, ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.tasks.base import Task
-from geoattn.training.config import TrainConfig
+from geoattn.training.config import COMPILE_MIN_ITERS, TrainConfig
 from geoattn.training.distributed import DistEnv, all_reduce_mean, any_rank, barrier
 from geoattn.training.loggers import RunLoggers, check_available
 from geoattn.training.run_dir import RunDirectory, summary_line
@@ -157,7 +157,7 @@ class Trainer:
             self.ddp = DistributedDataParallel(self.model, device_ids=[self.device] if on_cuda else None)
         # what the training step calls: the model, its DDP wrapper, compiled if asked (same maths)
         self.step_model = self.ddp or self.model
-        if config.compile:
+        if self.compiled(config, task):
             self.step_model = torch.compile(self.step_model)
         self.optimizer = torch.optim.AdamW(
             self.model.optim_groups(config.weight_decay),
@@ -207,6 +207,14 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         random.setstate(rng["python"])
         _set_numpy_state(rng["numpy"])
+
+    @staticmethod
+    def compiled(config: TrainConfig, task: Task) -> bool:
+        """Whether the training step runs through torch.compile: ``config.compile`` if set, else on
+        for the task's ``compile_wins`` models in runs of at least ``COMPILE_MIN_ITERS`` steps."""
+        if config.compile is not None:
+            return config.compile
+        return config.model in type(task).compile_wins and config.max_iters >= COMPILE_MIN_ITERS
 
     def wall_s(self) -> float:
         """Training wall time so far, over every process that trained this run (resumes add up)."""
