@@ -12,7 +12,20 @@ from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.attention.rotor_kernel import AGGREGATIONS, HEAD_TYPES, rotor_attention
+from geoattn.errors import ConfigError
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
+
+
+def check_aggregation(owner: str, aggregation: str, head_types: tuple[str, ...]) -> None:
+    """ConfigError (a ValueError) naming ``owner``'s ``aggregation`` when it is unknown, or when it is
+    ``"compose"`` and no head is a rotation head (compose aggregates rotation heads only)."""
+    if aggregation not in AGGREGATIONS:
+        raise ConfigError(f"{owner}: unknown aggregation {aggregation!r}, expected one of {AGGREGATIONS}")
+    if aggregation == "compose" and "rotation" not in head_types:
+        raise ConfigError(
+            f"{owner}: aggregation='compose' applies to 'rotation' heads: it needs rotation heads, "
+            f"and head_types {tuple(head_types)} has none"
+        )
 
 
 class RotorPositionalEncoding(nn.Module):
@@ -100,15 +113,7 @@ class RotorAttention(nn.Module):
         head_types = tuple(head_types)
         if not head_types:
             raise ValueError("RotorAttention needs at least one head in head_types")
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"RotorAttention: unknown aggregation {aggregation!r}, expected one of {AGGREGATIONS}"
-            )
-        if aggregation == "compose" and "rotation" not in head_types:
-            raise ValueError(
-                f"RotorAttention: aggregation='compose' applies to 'rotation' heads, and head_types "
-                f"{head_types} has none"
-            )
+        check_aggregation("RotorAttention", aggregation, head_types)
         for t in head_types:
             if t not in HEAD_TYPES:
                 raise ValueError(f"RotorAttention: unknown head type {t!r}, expected one of {HEAD_TYPES}")

@@ -48,11 +48,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.rotor_kernel import AGGREGATIONS, HEAD_TYPES
+from geoattn.attention.rotor_kernel import HEAD_TYPES
 from geoattn.errors import ConfigError
 from geoattn.layers.common import check_input, default_positions
 from geoattn.layers.multivector import GeometricMLP, GradeLayerNorm, MultivectorEmbedding
-from geoattn.layers.rotor_block import RotorAttention
+from geoattn.layers.rotor_block import RotorAttention, check_aggregation
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LanguageModel
 from geoattn.settings import settings_from
@@ -144,15 +144,7 @@ class RotorLMConfig:
             raise ConfigError(
                 f"RotorLMConfig.head_channels must be ≥ 2 for 'frame' heads, got {self.head_channels}"
             )
-        if self.aggregation not in AGGREGATIONS:
-            raise ConfigError(
-                f"RotorLMConfig.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}"
-            )
-        if self.aggregation == "compose" and "rotation" not in self.head_types:
-            raise ConfigError(
-                f"RotorLMConfig.aggregation='compose' applies to rotation heads, and head_types "
-                f"{self.head_types} has none"
-            )
+        check_aggregation("RotorLMConfig", self.aggregation, self.head_types)
         for name, valid in (
             ("pos", ("rotor", "none")),
             ("norm", ("per_grade", "joint")),

@@ -17,10 +17,10 @@ import torch
 from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.rotor_kernel import AGGREGATIONS, HEAD_TYPES
+from geoattn.attention.rotor_kernel import HEAD_TYPES
 from geoattn.errors import ConfigError
 from geoattn.layers.multivector import EquiLinear
-from geoattn.layers.rotor_block import RotorBlock
+from geoattn.layers.rotor_block import RotorBlock, check_aggregation
 from geoattn.models.base import ModelSizes
 from geoattn.settings import settings_from
 
@@ -98,15 +98,7 @@ class RotorTransformerConfig:
             raise ConfigError(
                 "RotorTransformerConfig: 'frame' heads need algebra='cl3' and head_channels ≥ 2"
             )
-        if self.aggregation not in AGGREGATIONS:
-            raise ConfigError(
-                f"RotorTransformerConfig.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}"
-            )
-        if self.aggregation == "compose" and "rotation" not in self.head_types:
-            raise ConfigError(
-                f"RotorTransformerConfig.aggregation='compose' applies to rotation heads, and head_types "
-                f"{self.head_types} has none"
-            )
+        check_aggregation("RotorTransformerConfig", self.aggregation, self.head_types)
         if self.norm not in ("joint", "per_grade"):
             raise ConfigError(
                 f"RotorTransformerConfig.norm must be 'joint' or 'per_grade', got {self.norm!r}"
