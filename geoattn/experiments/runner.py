@@ -153,6 +153,15 @@ def _line(index: int, total: int, p: RunPlan, text: str) -> str:
     return f"[{index}/{total}] {p.cell.name} seed {p.seed}: {text}"
 
 
+def _ending(summary: dict[str, Any], metrics: list[str]) -> str:
+    """The last progress word on a run: busy elsewhere, interrupted, or done with its metrics."""
+    if summary.get("busy"):
+        return BUSY
+    if summary.get("interrupted"):
+        return f"interrupted at iter {summary['iter']} (checkpoint saved)"
+    return "done  " + _outcome(summary, metrics)
+
+
 def _outcome(summary: dict[str, Any], metrics: list[str]) -> str:
     values = {**summary, **summary.get("final", {})}
     shown = [f"{m} {values[m]:.4g}" for m in metrics if isinstance(values.get(m), (int, float))]
@@ -202,15 +211,9 @@ def _execute(spec, todo: list[RunPlan], jobs: int, print_line, fail) -> None:
             except UserError as err:
                 fail(index, p, err)
                 continue
-            if summary.get("busy"):
-                print_line(_line(index, total, p, BUSY))
-                continue
+            print_line(_line(index, total, p, _ending(summary, spec.metrics)))
             if summary.get("interrupted"):
-                print_line(
-                    _line(index, total, p, f"interrupted at iter {summary['iter']} (checkpoint saved)")
-                )
                 raise KeyboardInterrupt
-            print_line(_line(index, total, p, "done  " + _outcome(summary, spec.metrics)))
         return
     threads = max(1, (os.cpu_count() or 1) // jobs)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -229,16 +232,9 @@ def _execute(spec, todo: list[RunPlan], jobs: int, print_line, fail) -> None:
             except UserError as err:
                 fail(index, p, err)
                 continue
-            if summary.get("busy"):
-                print_line(_line(index, total, p, BUSY))
-                continue
-            if summary.get("skipped"):
-                continue
-            if summary.get("interrupted"):
-                stopped = f"interrupted at iter {summary['iter']} (checkpoint saved)"
-                print_line(_line(index, total, p, stopped))
-                continue
-            print_line(_line(index, total, p, "done  " + _outcome(summary, spec.metrics)))
+            if summary.get("skipped") and not summary.get("busy"):
+                continue  # stopped while queued: nothing to say
+            print_line(_line(index, total, p, _ending(summary, spec.metrics)))
     except KeyboardInterrupt:
         # Ctrl-C reaches the workers too; a SIGTERM to this process only: pass it on, so every
         # running trainer saves its checkpoint and stops, and runs already queued in a worker
