@@ -27,3 +27,13 @@ def test_bench_algebra_help_line():
     assert algebra.__doc__.splitlines()[0].startswith("Batched geometric product")
     with pytest.raises(SystemExit):
         main(["bench", "algebra", "--help"])
+
+
+def test_memory_note_says_whether_the_allocator_keeps_freed_memory(monkeypatch):
+    from geoattn.bench.common import memory_note
+
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    assert "includes freed memory" in memory_note("cpu")
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    assert "131072" in memory_note("cpu") and "what the tensors hold" in memory_note("cpu")
+    assert "max_memory_allocated" in memory_note("cuda")

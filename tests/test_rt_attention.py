@@ -429,6 +429,7 @@ def test_bench_attention_entry_point(capsys):
     assert main(args) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("keys (|k|") and "κ up to" in line for line in lines)  # input statistics
+    assert any(line.startswith("peak memory: RSS growth") for line in lines)  # how memory was measured
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines if line.startswith("| 16 ")]
     kernels = {(row[1], row[2]) for row in rows}
     assert kernels == {

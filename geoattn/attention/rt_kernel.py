@@ -430,7 +430,10 @@ class _UnitQKV(torch.autograd.Function):
         units = y * inv[..., None]
         k = qkv[:, :, 1]
         key_norm2 = (norm2[:, :, 1] if scale is None else torch.linalg.vecdot(k, k)) if key_norms else None
-        ctx.save_for_backward(qkv, scale, inv, radial, units)
+        # qkv itself is needed only for the metric's gradient: otherwise k = u_k / inv_k is
+        # recovered from what is saved anyway, and the (often freshly stacked) input can be freed
+        ctx.keep_input = scale is not None
+        ctx.save_for_backward(qkv if ctx.keep_input else None, scale, inv, radial, units)
         return units, key_norm2
 
     @staticmethod
@@ -443,7 +446,8 @@ class _UnitQKV(torch.autograd.Function):
         if scale is not None and ctx.needs_input_grad[1]:
             grad_scale = (grad_y * qkv).sum((0, 1))  # (3, H, D)
         if grad_key_norm2 is not None:  # grad_qkv is a fresh tensor: accumulate in place
-            grad_qkv[:, :, 1] += 2 * grad_key_norm2[..., None] * qkv[:, :, 1]
+            k = qkv[:, :, 1] if ctx.keep_input else units[:, :, 1] / inv[:, :, 1, :, None]
+            grad_qkv[:, :, 1] += 2 * grad_key_norm2[..., None] * k
         return grad_qkv, grad_scale, None, None
 
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from geoattn.algebra.rotation import rope_frequencies
 from geoattn.attention.rt_kernel import rt_attention
-from geoattn.bench.common import CLOCKS, interleaved_times, ms, peak_memory_bytes, spread
+from geoattn.bench.common import CLOCKS, interleaved_times, memory_note, ms, peak_memory_bytes, spread
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
 
@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         f"{torch.get_num_threads()} threads"
     )
     print("keys (|k|, and κ = |k|²/η_t² with η_t² = 1): " + "; ".join(stats))
+    print(memory_note(device))
     print(format_table(headers, rows))
     return 0
 

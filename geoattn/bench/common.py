@@ -7,6 +7,7 @@ measured in the same run, never absolute targets.
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import time
 import tracemalloc
@@ -82,6 +83,25 @@ def peak_memory_bytes(fn: Callable[[], object], device: str | torch.device = "cp
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - base
     return _cpu_peak_rss_growth(fn)
+
+
+def memory_note(device: str | torch.device = "cpu") -> str:
+    """How the peak-memory column was measured, for a benchmark's header.
+
+    On CPU it is the growth of the resident set, which counts what the C allocator keeps after
+    tensors are freed: glibc's default mmap threshold rises to the largest block freed so far, after
+    which freed blocks below it stay with the process (reused, not returned). With
+    ``MALLOC_MMAP_THRESHOLD_`` set in the environment (e.g. ``131072``) every large tensor is its own
+    mapping and the growth is what the kernels hold at their peak."""
+    if torch.device(device).type == "cuda":
+        return "peak memory: growth of max_memory_allocated (tensors)"
+    threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    if threshold:
+        return f"peak memory: RSS growth, MALLOC_MMAP_THRESHOLD_={threshold} (what the tensors hold)"
+    return (
+        "peak memory: RSS growth, glibc's default allocator (includes freed memory it keeps; "
+        "MALLOC_MMAP_THRESHOLD_=131072 measures what the tensors hold)"
+    )
 
 
 def _rss_bytes() -> int:

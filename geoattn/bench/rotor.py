@@ -20,7 +20,15 @@ import torch.nn.functional as F
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.attention.rotor_kernel import HEAD_TYPES, rotor_attention
-from geoattn.bench.common import CLOCKS, interleaved_times, median_time, ms, peak_memory_bytes, spread
+from geoattn.bench.common import (
+    CLOCKS,
+    interleaved_times,
+    median_time,
+    memory_note,
+    ms,
+    peak_memory_bytes,
+    spread,
+)
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
 
@@ -100,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         f"round-robin, {args.repeats} calls each: min / median / max in ms, ratio of medians; peak memory "
         "growth of one call in MiB"
     )
+    print(memory_note(device))
     _warm_reference(ga, args.head_types, H, C, device)
     for mode in ("forward", "forward+backward"):
         backward = mode == "forward+backward"
