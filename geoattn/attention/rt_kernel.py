@@ -26,9 +26,10 @@ shapes and the device; it never reads a tensor's values, so it runs under
   (query side 1), ``scale = 1``;
 * ``structure="tied"`` (``σ_t² = 2 μ_r η_t²``, causal, non-decreasing times): ``c = η_t² e^{2 μ_r Δt}``,
   so ``κ_ij = s_i a_j`` with ``s_i = e^{−2μ_r (t_i − t₀)}`` and ``a_j = m_j² e^{2μ_r (t_j − t₀)}/η_t²``;
-  SDPA again, queries split into chunks whose time span keeps ``e^{2 μ_r (t − t₀)}`` bounded
-  (``t₀``: the chunk's first query time; ``log s_i`` is constant per query and cancels). The chunk
-  plan depends on ``μ_r`` and the times, so this one path reads values (and breaks a compiled graph);
+  SDPA again (``t₀``: the first time; ``log s_i`` is constant per query and cancels), while
+  ``2 μ_r (t_last − t₀) ≤ 20`` keeps the folded scalings and their products normal numbers; longer
+  or faster-decaying sequences take the general kernel. That choice reads ``μ_r`` and the times,
+  so this one path reads values (and breaks a compiled graph);
 * ``structure="general"`` (the default): FlexAttention with a ``score_mod`` on CUDA and, elsewhere,
   the blockwise flash-style kernel of `geoattn.attention.blockwise` (O(N) memory), registered as a
   custom operator so that a compiled graph calls it whole.
@@ -91,12 +92,12 @@ STRUCTURES = ("general", "separable", "tied")
 DENSE_MAX_N = 128
 DENSE_MAX_ELEMENTS = 1 << 24
 
-# Largest 2 μ_r (t − t₀) within one SDPA chunk of the tied family: e^{±60} keeps the folded
-# query and key scalings inside float32's range (e^{±87}) with room for m²/η² and β.
-_TIED_MAX_EXPONENT = 60.0
-# Queries per chunk when the tied family needs several chunks: its causal mask is
-# (chunk, keys) booleans, so this bounds that mask to O(N) memory.
-_TIED_MAX_CHUNK = 1024
+# The tied family runs on SDPA while 2 μ_r (t_last − t_first) ≤ this, so that its folded scalings
+# s_i = e^{−2 μ_r (t_i − t₀)} ≥ e^{−20} and a_j keep the products of the GEMMs (forward and
+# backward) normal numbers; beyond, the general kernel is exact and faster (measured at N = 2048 and
+# 4096, μ_r = 0.02: query chunks of e^{±60} made those products subnormal, each many times slower,
+# 10.8× SDPA at N = 4096; chunks of e^{±20} still 1.6× the general kernel).
+_TIED_MAX_EXPONENT = 20.0
 
 
 @outside_autocast
@@ -594,7 +595,7 @@ class _DenseRT(torch.autograd.Function):
 
 def _separable(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
     folded = _FOLD_SEPARABLE(use_compile, qh, kh, vh, log_m2, mu_r, eta_t2, beta)
-    return _sdpa(*folded, qh.shape[-1], causal, 0, use_compile)
+    return _sdpa(*folded, qh.shape[-1], causal, use_compile)
 
 
 def _fold_separable(qh, kh, vh, log_m2, mu_r, eta_t2, beta):
@@ -612,72 +613,37 @@ def _fold_separable(qh, kh, vh, log_m2, mu_r, eta_t2, beta):
 
 
 def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
-    d = qh.shape[-1]
     t = _explicit(times, qh.shape[-2], qh.device, qh.dtype)  # (B|1, N)
     two_mu = (2 * mu_r).view(1, -1, 1)  # (1, H, 1)
-    out = []
-    for c0, c1 in _tied_chunks(t, float(two_mu.max())):
-        t0 = t[:, None, c0 : c0 + 1]  # (B|1, 1, 1), the chunk's first query time
-        folded = _FOLD_TIED(
-            use_compile,
-            qh[:, :, c0:c1],
-            kh[:, :, :c1],
-            vh[:, :, :c1],
-            log_m2[..., :c1],
-            t[:, None, c0:c1] - t0,
-            t[:, None, :c1] - t0,
-            two_mu,
-            eta_t2,
-            beta,
-        )
-        out.append(_sdpa(*folded, d, causal, c0, use_compile))  # queries from c0 on, keys from 0
-    return torch.cat(out, dim=-2)
+    if float(two_mu.max()) * float((t[:, -1] - t[:, 0]).max()) > _TIED_MAX_EXPONENT:
+        general = _PATHS["flex" if qh.device.type == "cuda" else "blockwise"]
+        return general(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile)
+    rel = t[:, None] - t[:, None, :1]  # (B|1, 1, N), times from the first
+    folded = _FOLD_TIED(use_compile, qh, kh, vh, log_m2, rel, two_mu, eta_t2, beta)
+    return _sdpa(*folded, qh.shape[-1], causal, use_compile)
 
 
-def _fold_tied(q_c, k_p, v_p, log_m2_p, rel_q, rel_k, two_mu, eta_t2, beta):
-    """Folded SDPA inputs of one query chunk for σ_t² = 2 μ_r η_t²: ``κ_ij = s_i a_j`` and
+def _fold_tied(qh, kh, vh, log_m2, rel, two_mu, eta_t2, beta):
+    """Folded SDPA inputs for σ_t² = 2 μ_r η_t²: ``κ_ij = s_i a_j`` and
     ``[β s_i q̂_i, −β s_i, 1] · [a_j k̂_j, a_j, log a_j] = logit_ij − log s_i``.
 
-    ``q_c (B, H, Lc, D)``; keys and values up to the chunk end ``k_p, v_p (B, H, c1, D)``,
-    ``log_m2_p (B, H, c1)``; times relative to the chunk start ``rel_q (B|1, 1, Lc)``,
-    ``rel_k (B|1, 1, c1)``; ``two_mu (1, H, 1)``. Returns ``(B, H, Lc | c1, D + 2)`` tensors.
+    ``qh, kh, vh (B, H, N, D)``, ``log_m2 (B, H, N)``, times from the first ``rel (B|1, 1, N)``,
+    ``two_mu (1, H, 1)``. Returns ``(B, H, N, D + 2)`` tensors.
     """
-    bs = (beta.view(1, -1, 1, 1) * torch.exp(-two_mu * rel_q)[..., None]).expand_as(q_c[..., :1])  # β s_i
-    log_a = log_m2_p - torch.log(eta_t2).view(1, -1, 1) + two_mu * rel_k  # (B, H, c1)
+    bs = (beta.view(1, -1, 1, 1) * torch.exp(-two_mu * rel)[..., None]).expand_as(qh[..., :1])  # β s_i
+    log_a = log_m2 - torch.log(eta_t2).view(1, -1, 1) + two_mu * rel  # (B, H, N)
     a = torch.exp(log_a)[..., None]
-    qx = torch.cat((bs * q_c, -bs, torch.ones_like(bs)), dim=-1)
-    kx = torch.cat((a * k_p, a, log_a[..., None]), dim=-1)
-    return qx, kx, F.pad(v_p, (0, 2))
+    qx = torch.cat((bs * qh, -bs, torch.ones_like(bs)), dim=-1)
+    kx = torch.cat((a * kh, a, log_a[..., None]), dim=-1)
+    return qx, kx, F.pad(vh, (0, 2))
 
 
-def _tied_chunks(t: Tensor, two_mu_max: float) -> list[tuple[int, int]]:
-    """Query chunks ``[c0, c1)`` with ``2 μ_r (t_{c1−1} − t_{c0}) ≤ _TIED_MAX_EXPONENT`` in all batch rows."""
-    n = t.shape[-1]
-    span = _TIED_MAX_EXPONENT / two_mu_max if two_mu_max > 0 else math.inf
-    if span >= float((t[:, -1] - t[:, 0]).max()):
-        return [(0, n)]
-    chunks, c0 = [], 0
-    while c0 < n:
-        ends = torch.searchsorted(t.contiguous(), (t[:, c0] + span).unsqueeze(-1).contiguous(), right=True)
-        c1 = max(c0 + 1, min(int(ends.min()), c0 + _TIED_MAX_CHUNK, n))
-        chunks.append((c0, c1))
-        c0 = c1
-    return chunks
-
-
-def _sdpa(qx: Tensor, kx: Tensor, vx: Tensor, d: int, causal: bool, offset: int, use_compile: bool) -> Tensor:
+def _sdpa(qx: Tensor, kx: Tensor, vx: Tensor, d: int, causal: bool, use_compile: bool) -> Tensor:
     """Softmax attention with ``scale=1`` on folded queries/keys of width D + 2 and values zero-padded
-    to the same width (SDPA's fused CPU kernels need equal widths), cropped back to ``(…, D)``.
-    ``offset``: the queries are the sequence's from that index on (the tied family's chunks)."""
+    to the same width (SDPA's fused CPU kernels need equal widths), cropped back to ``(…, D)``."""
     if qx.device.type == "cpu":
-        return torch.ops.geoattn.softmax_attention(qx, kx, vx, causal, offset, use_compile)[0][..., :d]
-    mask = None
-    if causal and offset:
-        mask = torch.ones(qx.shape[-2], kx.shape[-2], dtype=torch.bool, device=qx.device).tril(offset)
-    out = F.scaled_dot_product_attention(
-        qx, kx, vx, attn_mask=mask, is_causal=causal and not offset, scale=1.0
-    )
-    return out[..., :d]
+        return torch.ops.geoattn.softmax_attention(qx, kx, vx, causal, 0, use_compile)[0][..., :d]
+    return F.scaled_dot_product_attention(qx, kx, vx, is_causal=causal, scale=1.0)[..., :d]
 
 
 # SDPA's forward with a backward that does not slow down on sharp attention: PyTorch's CPU SDPA
