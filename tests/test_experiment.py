@@ -202,3 +202,23 @@ def test_summary_has_what_the_report_reads(workdir):
     execute(spec, plan(spec, workdir / "runs")[:1], print_line=lambda line: None)
     summary = json.loads((plan(spec, workdir / "runs")[0].out / "summary.json").read_text())
     assert {"iter", "wall_s", "params", "final"} <= set(summary) and "val_loss_full" in summary["final"]
+
+
+def test_ctrl_c_during_a_runs_last_step_stops_before_the_next_run(workdir, monkeypatch):
+    """A Ctrl-C that arrives during the final iteration (its evaluation and save) is too late to stop
+    that run, which finishes and is kept; the suite must still stop instead of starting the next."""
+    real = Trainer.evaluate
+
+    def evaluate_then_ctrl_c(self):
+        result = real(self)
+        if self.iter == self.config.max_iters:
+            self._request_stop(None, None)
+        return result
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate_then_ctrl_c)
+    spec = load_spec("tiny")
+    lines = []
+    with pytest.raises(KeyboardInterrupt):
+        execute(spec, plan(spec, workdir / "runs"), print_line=lines.append)
+    assert len(lines) == 2 and "done" in lines[1]  # the first run finished; the second never started
+    assert [p.status for p in plan(spec, workdir / "runs")] == ["done", "new", "new", "new"]

@@ -98,6 +98,7 @@ def _train_and_evaluate(train, run: RunDirectory, evaluate: bool) -> dict[str, A
     status, _ = _status(run, train.max_iters, evaluate)  # now, under the claim (the plan may be old)
     if status == "done":
         return run.read_summary()
+    stop_requested = False
     if status in ("new", "resume"):
         resume = status == "resume"
         run.prepare(resume=resume)
@@ -108,10 +109,13 @@ def _train_and_evaluate(train, run: RunDirectory, evaluate: bool) -> dict[str, A
         summary = trainer.train()
         if summary["interrupted"]:
             return summary
+        stop_requested = summary.get("stop_requested", False)
     if evaluate:
         loaded = load_run(run.path)
         rows = [dataclasses.asdict(r) for r in evaluation_rows(loaded)]
         run.write_evaluation(rows)
+    if stop_requested:
+        return {**run.read_summary(), "stop_requested": True}
     return run.read_summary()
 
 
@@ -212,8 +216,8 @@ def _execute(spec, todo: list[RunPlan], jobs: int, print_line, fail) -> None:
                 fail(index, p, err)
                 continue
             print_line(_line(index, total, p, _ending(summary, spec.metrics)))
-            if summary.get("interrupted"):
-                raise KeyboardInterrupt
+            if summary.get("interrupted") or summary.get("stop_requested"):
+                raise KeyboardInterrupt  # (a Ctrl-C during a run's last step stops before the next)
         return
     threads = max(1, (os.cpu_count() or 1) // jobs)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -288,7 +288,8 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """Run to ``max_iters`` (or until Ctrl-C). Returns the last evaluation plus ``iter``,
         ``interrupted``, ``wall_s``, ``params``, the task's full-set ``final`` metrics and the
-        ``plots`` written (the last three on rank 0 of a finished run; also in ``summary.json``)."""
+        ``plots`` written (the last three on rank 0 of a finished run; also in ``summary.json``);
+        ``stop_requested`` when a Ctrl-C came too late to stop a run that then finished."""
         config = self.config
         self.out.mkdir(parents=True, exist_ok=True)
         if self.env.is_main:
@@ -352,6 +353,10 @@ class Trainer:
             result["final"] = self.task.final_metrics(self.model, config, self.device)
             result["plots"] = [p.name for p in self._plots()] if config.plots else []
             self.run.write_summary(result)
+        if self.stop_requested and not interrupted:
+            # Ctrl-C during the last iteration or its evaluation: the run is complete and kept, and
+            # a caller running several (`geoattn experiment`) stops instead of starting the next
+            result["stop_requested"] = True
         return result
 
     def _plot_input(self) -> torch.Tensor:
