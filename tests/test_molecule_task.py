@@ -136,9 +136,12 @@ def test_missing_extra_is_one_line(monkeypatch, tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "geoattn[molecules]" in err and "Traceback" not in err
 
 
-def test_bench_trains_the_rotor_and_schnet_on_the_same_split(water_file, tmp_path, capsys):
+def test_bench_trains_the_rotor_and_schnet_on_the_same_split(water_file, tmp_path, capsys, monkeypatch):
     """The bench's own pipeline end to end (MACE's is the same export + evaluation; its CLI start-up
-    alone takes ~30 s, so it runs in the bench, not here)."""
+    alone takes ~30 s, so it runs in the bench, not here), leaving nothing in the working directory."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     argv = [
         "bench",
         "molecule",
@@ -170,3 +173,4 @@ def test_bench_trains_the_rotor_and_schnet_on_the_same_split(water_file, tmp_pat
         values = [row[f"{s}_{k}_mae_mev"] for s in ("val", "test") for k in ("energy", "force")]
         assert all(np.isfinite(v) and v > 0 for v in values), row
     assert "| rotor " in capsys.readouterr().out
+    assert list(cwd.iterdir()) == []  # (SchNetPack's split lock file went to --out)

@@ -23,6 +23,7 @@ validation included), on one thread by default (``--threads``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -259,6 +260,7 @@ def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[
     spk = import_schnetpack()
     pl = require("pytorch_lightning")
     torchmetrics = require("torchmetrics")
+    out = out.resolve()  # (SchNetPack's split lock file lands in the working directory: we run in out)
     out.mkdir(parents=True, exist_ok=True)
     t = task.trajectory
     database = out / "frames.db"
@@ -293,8 +295,9 @@ def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[
         num_workers=0,
         pin_memory=False,
     )
-    module.prepare_data()
-    module.setup()
+    with contextlib.chdir(out):
+        module.prepare_data()
+        module.setup()
     width = args.schnet_width
     representation = spk.representation.SchNet(
         n_atom_basis=width,
@@ -343,7 +346,8 @@ def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[
         default_root_dir=str(out),
     )
     start = time.perf_counter()
-    trainer.fit(atomistic, datamodule=module)
+    with contextlib.chdir(out):
+        trainer.fit(atomistic, datamodule=module)
     wall = time.perf_counter() - start
     model.eval()
     n = len(t.atomic_numbers)
