@@ -455,6 +455,7 @@ def test_evaluate_sets_and_a_short_training_run(task):
     assert set(results) == {
         "eval_mse",
         "e3_generalization_mse",
+        "e3_generalization_unshifted_mse",
         "object_generalization_mse",
         "equivariance_error",
     }
@@ -485,3 +486,28 @@ def test_random_orthogonal_mixes_rotations_and_reflections():
     torch.testing.assert_close(q @ q.transpose(1, 2), torch.eye(3, dtype=q.dtype).expand(200, 3, 3))
     det = torch.linalg.det(q)
     assert bool(((det - 1).abs() < 1e-12).any()) and bool(((det + 1).abs() < 1e-12).any())
+
+
+class _Predict(torch.nn.Module):
+    """A stand-in model: ``rule(x_initial)`` as the final positions (x: (B, n, 7) mass, x, v)."""
+
+    def __init__(self, rule):
+        super().__init__()
+        self.rule, self.unused = rule, torch.nn.Parameter(torch.zeros((), dtype=torch.float64))
+
+    def forward(self, x):
+        return self.rule(x[..., 1:4]), None
+
+
+def test_the_e3_set_is_also_measured_without_its_shift(task):
+    """``e3_generalization_unshifted_mse``: the same samples moved back by the fixed shift. A
+    translation-equivariant prediction (nothing moves) reads the same MSE on both; one that is not
+    (everything at the origin) does not."""
+    static = task.evaluate_sets(_Predict(lambda x0: x0))
+    same = pytest.approx(static["e3_generalization_mse"], rel=1e-9)
+    assert static["e3_generalization_unshifted_mse"] == same
+    assert static["e3_generalization_mse"] == pytest.approx(task.baselines("e3_generalization")["static_mse"])
+    origin = task.evaluate_sets(_Predict(torch.zeros_like))
+    assert origin["e3_generalization_mse"] > 10 * origin["e3_generalization_unshifted_mse"]  # 200 vs std 20
+    unshifted = task.dataset("e3_generalization").translated(torch.tensor([-task.config.e3_shift, 0.0, 0.0]))
+    assert unshifted.x_initial[..., 0].mean().abs() < 0.1 * task.config.e3_shift  # back near the origin

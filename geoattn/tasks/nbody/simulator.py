@@ -161,6 +161,11 @@ class NBodySet:
         paths = self.trajectories[index] if self.trajectories is not None else None
         return NBodySet(*(getattr(self, a)[index] for a in ARRAYS), trajectories=paths)
 
+    def translated(self, shift: Tensor) -> NBodySet:
+        """Every position moved by ``shift (3,)`` (initial and final; masses and velocities kept)."""
+        shift = shift.to(self.x_initial)
+        return NBodySet(self.m, self.x_initial + shift, self.v_initial, self.x_final + shift)
+
     def head(self, count: int) -> NBodySet:
         """The first ``count`` samples (GATr's ``subsample`` also keeps a file's first samples)."""
         return self.subset(slice(0, count))

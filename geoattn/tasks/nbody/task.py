@@ -184,6 +184,9 @@ class NBodyTask(Task):
             where = f"all {len(self.dataset(name)):,} {name} samples"
             rows.append(EvalRow(f"{name}_mse", results[f"{name}_mse"], where))
             rows += [EvalRow(f"{name}_{k}", v, where) for k, v in self.baselines(name).items()]
+        where = f"the {len(self.dataset('e3_generalization')):,} e3_generalization samples, shift removed"
+        name = "e3_generalization_unshifted_mse"
+        rows.append(EvalRow(name, results[name], where))
         count = min(EQUIVARIANCE_SAMPLES, len(self.dataset("eval")))
         where = f"first {count} eval samples, one random O(3) motion + translation each"
         rows.append(EvalRow("equivariance_error", results["equivariance_error"], where))
@@ -193,23 +196,22 @@ class NBodyTask(Task):
     def evaluate_sets(
         self, model: nn.Module, *, batch_size: int = EQUIVARIANCE_SAMPLES, seed: int = 0
     ) -> dict[str, float]:
-        """MSE on ``eval``, ``e3_generalization``, ``object_generalization`` and the equivariance error.
+        """MSE on ``eval``, ``e3_generalization``, ``object_generalization``, on the E(3) set with its
+        fixed shift removed (``e3_generalization_unshifted``), and the equivariance error.
 
         Every set runs in batches of its own number of bodies (no padding). The equivariance error is
         :func:`equivariance_error` on the first ``batch_size`` samples of the eval set, each with a
         random rotation or reflection and a translation (std ``shift_std``) drawn from ``seed``.
         """
         parameter = next(model.parameters())
-        results = {}
-        for name in EVAL_SETS:
-            data, total = self.dataset(name), 0.0
-            for start in range(0, len(data), batch_size):
-                batch = data.subset(torch.arange(start, min(start + batch_size, len(data))))
-                x = batch.inputs().to(parameter.device, parameter.dtype)
-                prediction, _ = model(x)
-                target = batch.x_final.to(prediction.device, prediction.dtype)
-                total += float(F.mse_loss(prediction, target, reduction="sum"))
-            results[f"{name}_mse"] = total / data.x_final.numel()
+        results = {f"{name}_mse": _set_mse(model, self.dataset(name), batch_size) for name in EVAL_SETS}
+        # the E(3) set's samples without its fixed shift: an exactly E(3)-equivariant model reads the
+        # same MSE, so the ratio to the eval set measures how hard these samples are in themselves
+        shift = torch.zeros(3, dtype=torch.float64)
+        shift[0] = self.config.e3_shift
+        results["e3_generalization_unshifted_mse"] = _set_mse(
+            model, self.dataset("e3_generalization").translated(-shift), batch_size
+        )
         sample = self.dataset("eval").subset(torch.arange(min(batch_size, len(self.dataset("eval")))))
         x = sample.inputs().to(parameter.device, parameter.dtype)
         generator = torch.Generator().manual_seed(seed)
@@ -217,6 +219,18 @@ class NBodyTask(Task):
             model, x, generator, shift_std=self.config.shift_std
         )
         return results
+
+
+def _set_mse(model: nn.Module, data: NBodySet, batch_size: int) -> float:
+    """MSE of ``model`` on every sample of ``data``, in batches of ``batch_size``."""
+    parameter = next(model.parameters())
+    total = 0.0
+    for start in range(0, len(data), batch_size):
+        batch = data.subset(torch.arange(start, min(start + batch_size, len(data))))
+        prediction, _ = model(batch.inputs().to(parameter.device, parameter.dtype))
+        target = batch.x_final.to(prediction.device, prediction.dtype)
+        total += float(F.mse_loss(prediction, target, reduction="sum"))
+    return total / data.x_final.numel()
 
 
 @torch.no_grad()
