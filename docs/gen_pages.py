@@ -68,9 +68,7 @@ for name in sorted(known - set(missing)):
 # ------------------------------------------------------------------ results and benchmarks -------
 section = sb.markdown_section(README, "Results").split("\n", 1)[1]  # without its "## Results" line
 reports = sorted((ROOT / "results").glob("*.md"))
-# README links the reports as results/NAME.md; on the site they sit under results/experiments/.
-links = {"BENCHMARKS.md": "benchmarks.md"} | {f"results/{p.name}": f"experiments/{p.name}" for p in reports}
-results = ["# Results", "", sb.rewrite_links(section, links)]
+results = ["# Results", "", sb.rewrite_links(section, sb.results_page_links(p.name for p in reports))]
 if reports:
     results += ["## Experiment reports (`geoattn experiment`)", ""]
     results += [f"* [{p.stem}](experiments/{p.name})" for p in reports]

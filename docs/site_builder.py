@@ -50,6 +50,13 @@ def shift_headings(markdown: str, by: int) -> str:
     return "\n".join(out) + "\n"
 
 
+def results_page_links(report_names: Iterable[str]) -> dict[str, str]:
+    """Link targets of README's Results section → the results page's (``results/index.md``): the
+    reports ``results/NAME.md`` sit beside it under ``experiments/``, BENCHMARKS.md as ``benchmarks.md``."""
+    reports = {f"results/{name}": f"experiments/{name}" for name in report_names}
+    return {"BENCHMARKS.md": "benchmarks.md", **reports}
+
+
 def rewrite_links(markdown: str, targets: dict[str, str]) -> str:
     """Replace link targets ``](old)`` by ``](new)`` for each ``old -> new`` of ``targets``."""
     for old, new in targets.items():

@@ -160,3 +160,18 @@ def test_make_builds_the_docs_strictly_in_make_test():
     assert "mkdocs build --strict" in line and "--quiet" not in line and " -q" not in line
     test_recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
     assert "$(MKDOCS)" in test_recipe
+
+
+def test_readmes_result_links_resolve_on_the_results_page():
+    """README links reports as results/NAME.md; on the site's results page (results/index.md) they
+    must become experiments/NAME.md, each an existing report (a broken link fails the strict build)."""
+    import re
+
+    section = sb.markdown_section((ROOT / "README.md").read_text(encoding="utf-8"), "Results")
+    reports = sorted(p.name for p in (ROOT / "results").glob("*.md"))
+    page = sb.rewrite_links(section, sb.results_page_links(reports))
+    targets = re.findall(r"\]\(([^)#]+)", page)
+    assert targets and not [t for t in targets if t.startswith("results/")]
+    for target in targets:
+        if target.startswith("experiments/"):
+            assert target.removeprefix("experiments/") in reports, target
