@@ -127,3 +127,18 @@ def test_help_names_gatrs_files_and_how_the_width_maps_onto_the_rotor_model(caps
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     assert "nbody a directory of GATr's files" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_rotor_default_is_the_best_measured_setting_at_gatrs_budget():
+    """`--task nbody --model rotor` without flags trains the best cell of experiments/nbody.toml on
+    GATr's schedule; flags still win over the recipe."""
+    from geoattn.experiments import load_spec
+    from geoattn.training.config import build_config
+
+    config = build_config({"task": "nbody", "model": "rotor"})
+    settings = (config.lr, config.n_embd, config.lr_schedule, config.warmup_iters)
+    assert settings == (2e-3, 256, "exponential", 0)
+    assert config.model_options == {"scalars": 128}
+    assert build_config({"task": "nbody", "model": "rotor", "lr": 1e-3}).lr == 1e-3
+    best = next(c for c in load_spec("nbody").cells if c.name.endswith("lr 2e-3"))
+    assert best.fields["lr"] == config.lr and best.fields["n_embd"] == config.n_embd
