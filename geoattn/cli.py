@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -407,13 +408,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
     except UserError as err:  # anything else is a bug and keeps its traceback
         print(f"geoattn {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("geoattn: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`geoattn ... | head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (so the exit flush cannot fail)
+        return 141
 
 
 if __name__ == "__main__":

@@ -351,3 +351,24 @@ def test_quickstart_runs_and_owns_only_its_folder(tmp_path, capsys):
         "was not written by quickstart",
     )
     assert (mine / "thesis.tex").read_text() == "precious"
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    """`geoattn ... | head -1`: the reader has gone when the output is written; no traceback (and no
+    "Exception ignored" at exit), the shell's code for a closed pipe."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # every write into the pipe now fails with EPIPE
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "geoattn", "train", "--task", "lm", "--list-settings"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 141
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
