@@ -180,20 +180,17 @@ class _Tiles:
         return tuple(s[..., None, j0:j1].clone() for s in self.key_scalars)
 
     @staticmethod
-    def indices(
-        i0: int, i1: int, j0: int, j1: int, causal: bool, n: int, device, offset: int = 0
-    ) -> tuple[Tensor, Tensor]:
+    def indices(i0: int, i1: int, j0: int, j1: int, causal: bool, n: int, device) -> tuple[Tensor, Tensor]:
         """``(bq, 1)`` query and ``(1, bk)`` key indices; a key is masked where its index is larger.
-        Query ``i`` has the index ``i + offset``; without a causal mask the query indices are
-        shifted past every key."""
-        shift = offset if causal else n
+        Without a causal mask the query indices are shifted past every key."""
+        shift = 0 if causal else n
         return torch.arange(i0 + shift, i1 + shift, device=device)[:, None], torch.arange(
             j0, j1, device=device
         )[None]
 
 
 def _key_end(i1: int, n: int, causal: bool) -> int:
-    """The end of the keys a query block ``[·, i1)`` sees (``i1`` includes any query offset)."""
+    """The end of the keys a query block ``[·, i1)`` sees."""
     return min(i1, n) if causal else n
 
 
@@ -340,7 +337,6 @@ def blockwise_backward(
     lse: Tensor,
     grad_out: Tensor,
     tile_backward: MaybeCompiled | None = None,
-    query_offset: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor], list[Tensor], list[Tensor]]:
     """The recomputing backward of `blockwise_forward` (or of any softmax attention whose per-query
     log-sum-exp ``lse`` is known): ``(dq, dk, dv, d query_scalars, d key_scalars, d params)``, each
@@ -349,8 +345,6 @@ def blockwise_backward(
     ``tile_backward``: the tile's ``(p, d_dot, d_qs, d_ks, d_ps)`` with the signature of
     `_tile_backward`, e.g. a score function's derivatives written out; default: autograd through
     ``score_fn`` (which needs the autograd dispatch, so not inside a custom operator).
-    ``query_offset``: the queries may be a later part of the sequence, ``q (B, H, Nq, ·)`` with query
-    ``i`` at index ``i + query_offset`` among ``N ≥ Nq`` keys (``times`` has the keys' length).
     """
     tile_backward = tile_backward or _BACKWARD
     tiles = _Tiles(times, query_scalars, key_scalars, params)
@@ -369,13 +363,13 @@ def blockwise_backward(
         i1 = min(i0 + block_q, nq)
         q_blk, do_blk, qs, tq = q3[:, i0:i1], do3[:, i0:i1], tiles.qs(i0, i1), tiles.tq(i0, i1)
         lse_blk, delta_blk = lse[:, :, i0:i1, None].clone(), delta[:, :, i0:i1, None].clone()
-        key_end = _key_end(i1 + query_offset, n, causal)
+        key_end = _key_end(i1, n, causal)
         for j0 in range(0, key_end, block_k):
             j1 = min(j0 + block_k, key_end)
             k_c, v_c = k3[:, j0:j1], v3[:, j0:j1]
             dot = torch.bmm(q_blk, k_c.transpose(-1, -2)).view(b, h, i1 - i0, j1 - j0)
             dp = torch.bmm(do_blk, v_c.transpose(-1, -2)).view(b, h, i1 - i0, j1 - j0)
-            qi, kj = _Tiles.indices(i0, i1, j0, j1, causal, n, q.device, query_offset)
+            qi, kj = _Tiles.indices(i0, i1, j0, j1, causal, n, q.device)
             p, d_dot, d_qs, d_ks, d_ps = tile_backward(
                 use_compile,
                 score_fn,

@@ -642,7 +642,7 @@ def _sdpa(qx: Tensor, kx: Tensor, vx: Tensor, d: int, causal: bool, use_compile:
     """Softmax attention with ``scale=1`` on folded queries/keys of width D + 2 and values zero-padded
     to the same width (SDPA's fused CPU kernels need equal widths), cropped back to ``(…, D)``."""
     if qx.device.type == "cpu":
-        return torch.ops.geoattn.softmax_attention(qx, kx, vx, causal, 0, use_compile)[0][..., :d]
+        return torch.ops.geoattn.softmax_attention(qx, kx, vx, causal, use_compile)[0][..., :d]
     return F.scaled_dot_product_attention(qx, kx, vx, is_causal=causal, scale=1.0)[..., :d]
 
 
@@ -652,21 +652,16 @@ def _sdpa(qx: Tensor, kx: Tensor, vx: Tensor, d: int, causal: bool, use_compile:
 # logit scale of 30 made SDPA's fwd+bwd 11× slower. The blockwise backward flushes them instead.
 @torch.library.custom_op("geoattn::softmax_attention", mutates_args=())
 def _softmax_attention_op(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool, offset: int, use_compile: bool
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, use_compile: bool
 ) -> tuple[Tensor, Tensor]:
-    nq, nk = q.shape[-2], k.shape[-2]
-    mask = None
-    if causal and offset:  # query i sees the keys j ≤ i + offset: an additive (Nq, Nk) mask
-        visible = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(offset)
-        mask = torch.zeros(nq, nk, dtype=q.dtype, device=q.device).masked_fill_(~visible, -math.inf)
     # (CPU only, see _sdpa: this kernel returns the log-sum-exp that the backward needs)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out, lse = flash(q, k, v, 0.0, causal and not offset, attn_mask=mask, scale=1.0)
+    out, lse = flash(q, k, v, 0.0, causal, scale=1.0)
     return out.contiguous(), lse.contiguous()  # (the layouts the fake implementation promises)
 
 
 @_softmax_attention_op.register_fake
-def _(q, k, v, causal, offset, use_compile):
+def _(q, k, v, causal, use_compile):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:-1])
 
 
@@ -679,7 +674,6 @@ def _softmax_attention_backward_op(
     lse: Tensor,
     grad_out: Tensor,
     causal: bool,
-    offset: int,
     use_compile: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     b, h, nq, _ = q.shape
@@ -700,25 +694,24 @@ def _softmax_attention_backward_op(
         lse,
         grad_out.contiguous(),
         tile_backward=_DOT_TILE_BACKWARD,
-        query_offset=offset,
     )
     return dq, dk, dv
 
 
 @_softmax_attention_backward_op.register_fake
-def _(q, k, v, out, lse, grad_out, causal, offset, use_compile):
+def _(q, k, v, out, lse, grad_out, causal, use_compile):
     return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
 
 
 def _softmax_attention_setup(ctx, inputs, output):
-    q, k, v, causal, offset, use_compile = inputs
-    ctx.flags = (causal, offset, use_compile)
+    q, k, v, causal, use_compile = inputs
+    ctx.flags = (causal, use_compile)
     ctx.save_for_backward(q, k, v, *output)
 
 
 def _softmax_attention_grad(ctx, grad_out, grad_lse):
     dq, dk, dv = torch.ops.geoattn.softmax_attention_backward(*ctx.saved_tensors, grad_out, *ctx.flags)
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, None, None
 
 
 _softmax_attention_op.register_autograd(_softmax_attention_grad, setup_context=_softmax_attention_setup)
