@@ -54,9 +54,10 @@ class NBodyTask(Task):
         "rotor": "RotorTransformer, E(3)-equivariant (Cl(3) with centring, or PGA)",
     }
     Settings: ClassVar[type] = NBodyConfig
-    # GATr's optimiser schedule (Adam, exponential decay to ×0.01, no warm-up or weight decay) and each
-    # model's best measured setting at its budget (experiments/nbody.toml, results/nbody.md: the rotor
-    # at lr 2e-3 read 3.85e-4 ± 0.35e-4 eval MSE, at 1e-3 4.45e-4 ± 0.79e-4, n = 3 each)
+    # GATr's optimiser schedule (Adam, exponential decay to ×0.01, no warm-up or weight decay); the
+    # rotor's best measured setting at that budget (experiments/nbody.toml, results/nbody.md: lr 2e-3
+    # read 3.85e-4 ± 0.35e-4 eval MSE, 1e-3 4.45e-4 ± 0.79e-4, n = 3 each); the transformer at GATr's
+    # own learning rate for its baseline (not swept here)
     recipes: ClassVar[dict[str, dict[str, Any]]] = {
         "rotor": {
             "lr": 2e-3,
