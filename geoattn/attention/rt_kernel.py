@@ -431,10 +431,9 @@ class _UnitQKV(torch.autograd.Function):
         units = y * inv[..., None]
         k = qkv[:, :, 1]
         key_norm2 = (norm2[:, :, 1] if scale is None else torch.linalg.vecdot(k, k)) if key_norms else None
-        # qkv itself is needed only for the metric's gradient: otherwise k = u_k / inv_k is
+        # qkv itself is needed only with a metric (its gradient): otherwise k = u_k / inv_k is
         # recovered from what is saved anyway, and the (often freshly stacked) input can be freed
-        ctx.keep_input = scale is not None
-        ctx.save_for_backward(qkv if ctx.keep_input else None, scale, inv, radial, units)
+        ctx.save_for_backward(qkv if scale is not None else None, scale, inv, radial, units)
         return units, key_norm2
 
     @staticmethod
@@ -447,7 +446,7 @@ class _UnitQKV(torch.autograd.Function):
         if scale is not None and ctx.needs_input_grad[1]:
             grad_scale = (grad_y * qkv).sum((0, 1))  # (3, H, D)
         if grad_key_norm2 is not None:  # grad_qkv is a fresh tensor: accumulate in place
-            k = qkv[:, :, 1] if ctx.keep_input else units[:, :, 1] / inv[:, :, 1, :, None]
+            k = qkv[:, :, 1] if qkv is not None else units[:, :, 1] / inv[:, :, 1, :, None]
             grad_qkv[:, :, 1] += 2 * grad_key_norm2[..., None] * k
         return grad_qkv, grad_scale, None, None
 
