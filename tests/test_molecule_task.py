@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from geoattn.bench.molecule import model_epochs
 from geoattn.cli import main
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes
@@ -156,7 +157,8 @@ def test_bench_trains_the_rotor_and_schnet_on_the_same_split(water_file, tmp_pat
     ]
     argv += [
         "--epochs",
-        "1",
+        "rotor=1",
+        "schnet=2",
         "--models",
         "rotor",
         "schnet",
@@ -168,9 +170,22 @@ def test_bench_trains_the_rotor_and_schnet_on_the_same_split(water_file, tmp_pat
     argv += ["--rotor-set", "n_layer=1", "n_embd=32", "warmup_iters=0"]
     assert main(argv) == 0
     rows = json.loads((tmp_path / "r.json").read_text())
-    assert [r["model"] for r in rows] == ["rotor", "schnet"]
+    assert [(r["model"], r["epochs"]) for r in rows] == [("rotor", 1), ("schnet", 2)]
     for row in rows:
         values = [row[f"{s}_{k}_mae_mev"] for s in ("val", "test") for k in ("energy", "force")]
         assert all(np.isfinite(v) and v > 0 for v in values), row
     assert "| rotor " in capsys.readouterr().out
     assert list(cwd.iterdir()) == []  # (SchNetPack's split lock file went to --out)
+
+
+def test_bench_epochs_one_for_all_or_one_per_model():
+    assert model_epochs(["3"], ["rotor", "mace"]) == {"rotor": 3, "mace": 3}
+    assert model_epochs(["rotor=40", "schnet=25"], ["rotor", "schnet"]) == {"rotor": 40, "schnet": 25}
+    for bad, message in (
+        (["rotor=0"], "N ≥ 1"),
+        (["rotor=x"], "N ≥ 1"),
+        (["gatr=3"], "model 'gatr'"),
+        (["rotor=3"], "no number for schnet"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            model_epochs(bad, ["rotor", "schnet"])

@@ -1,9 +1,9 @@
 """molecule: the RotorTransformer against MACE and SchNet on the same MD17-style file and split
 
 One molecule file (``geoattn data make molecule``, the task's settings), rMD17's split (``--n-train``
-training, ``--n-val`` validation configurations, the rest test), and for every model the same number of
-epochs (passes over the training set); each trains with its own package's training code and its
-published MD17 recipe, scaled to a CPU:
+training, ``--n-val`` validation configurations, the rest test), and for every model a number of epochs
+(passes over the training set: the same for all, or one per model to match their training wall times);
+each trains with its own package's training code and its published MD17 recipe, scaled to a CPU:
 
 * ``rotor``: ``geoattn``'s trainer on the molecule task (``MoleculeRotor``), batch 10, AdamW, the
   energy/force MSE weights 0.01/0.99 (SchNetPack's MD17 recipe).
@@ -50,7 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="a molecule .npz (default: the cached default file)")
     parser.add_argument("--n-train", type=int, default=1000, help="training configurations (rMD17: 1000)")
     parser.add_argument("--n-val", type=int, default=1000, help="validation configurations (rMD17: 1000)")
-    parser.add_argument("--epochs", type=int, default=10, help="passes over the training set, every model")
+    parser.add_argument(
+        "--epochs",
+        nargs="+",
+        default=["10"],
+        metavar="N | MODEL=N",
+        help="passes over the training set: one number for every model, or MODEL=N per model (e.g. "
+        "rotor=60 schnet=40 mace=6, to give each about the same training wall time); default 10",
+    )
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS, help="models to run")
     parser.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads of every training")
     parser.add_argument("--out", default="runs/bench_molecule", help="working directory (runs, exports)")
@@ -70,8 +77,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
 
 
+def model_epochs(values: list[str], models: list[str]) -> dict[str, int]:
+    """``--epochs`` as ``{model: epochs}``: one number for all, or ``MODEL=N`` for each of ``models``.
+
+    ConfigError (exit 2 on the command line) on a malformed entry, an unknown model or a missing one.
+    """
+    if len(values) == 1 and "=" not in values[0]:
+        values = [f"{m}={values[0]}" for m in models]
+    epochs = {}
+    for entry in values:
+        model, sep, number = entry.partition("=")
+        if not sep or not number.isdigit() or int(number) < 1:
+            raise ConfigError(f"--epochs takes N or MODEL=N with N ≥ 1, got {entry!r}")
+        if model not in MODELS:
+            raise ConfigError(f"--epochs names model {model!r}; models are {', '.join(MODELS)}")
+        epochs[model] = int(number)
+    missing = [m for m in models if m not in epochs]
+    if missing:
+        raise ConfigError(f"--epochs gives no number for {', '.join(missing)}")
+    return epochs
+
+
 def run(args: argparse.Namespace) -> int:
     """Train every model of ``--models`` on the same file and split, then print the table."""
+    epochs = model_epochs(args.epochs, args.models)
     torch.set_num_threads(args.threads)
     task = MoleculeTask(
         MoleculeConfig(name=args.name, data=args.data, n_train=args.n_train, n_val=args.n_val)
@@ -82,18 +111,19 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for name in args.models:
         print(f"[bench molecule] training {name} ...", file=sys.stderr, flush=True)
-        result = runners[name](task, out / name, args)
+        result = runners[name](task, out / name, args, epochs[name])
         rows.append({"model": name, **result})
         print(f"[bench molecule] {name}: {json.dumps(result)}", file=sys.stderr, flush=True)
     t = task.trajectory
     print(
         f"molecule {t.name} ({len(t.atomic_numbers)} atoms), {len(task.indices['train'])} train / "
-        f"{len(task.indices['val'])} val / {len(task.indices['test'])} test frames, {args.epochs} epochs "
-        f"each, {args.threads} thread(s); MAE on the full splits"
+        f"{len(task.indices['val'])} val / {len(task.indices['test'])} test frames, "
+        f"{args.threads} thread(s); MAE on the full splits"
     )
-    header = ["model", "params", "wall (s)", "val E (meV)", "val F (meV/Å)", "test E (meV)", "test F (meV/Å)"]
+    header = ["model", "params", "epochs", "wall (s)"]
+    header += ["val E (meV)", "val F (meV/Å)", "test E (meV)", "test F (meV/Å)"]
     table = [
-        [r["model"], f"{r['params']:,}", f"{r['wall_s']:.0f}"]
+        [r["model"], f"{r['params']:,}", str(r["epochs"]), f"{r['wall_s']:.0f}"]
         + [f"{r[f'{s}_{k}']:.1f}" for s in ("val", "test") for k in ("energy_mae_mev", "force_mae_mev")]
         for r in rows
     ]
@@ -114,7 +144,7 @@ def _split_metrics(task: MoleculeTask, predict) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------- rotor ----
-def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: int) -> dict[str, Any]:
     """geoattn's trainer on the task, ``epochs · n_train / batch`` steps of batch 10."""
     from geoattn.tasks import get_task
     from geoattn.training.config import TrainConfig, parse_set
@@ -123,7 +153,7 @@ def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[s
     fields = parse_set(args.rotor_set)  # as `geoattn train --set`: fields, task.KEY, model.KEY
     options = {"task": fields.pop("task_options", {}), "model": fields.pop("model_options", {})}
     batch = fields.pop("batch_size", 10)
-    steps = max(1, args.epochs * len(task.indices["train"]) // batch)
+    steps = max(1, epochs * len(task.indices["train"]) // batch)
     config = TrainConfig(
         task="molecule",
         model="rotor",
@@ -153,7 +183,7 @@ def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[s
     return {
         "params": model.num_params(),
         "wall_s": result["wall_s"],
-        "epochs": args.epochs,
+        "epochs": epochs,
         **{k: result["final"][k] for k in result["final"]},
     }
 
@@ -172,7 +202,7 @@ def _atoms(task: MoleculeTask, split: str) -> list:
     return atoms
 
 
-def run_mace(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_mace(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: int) -> dict[str, Any]:
     """``mace_run_train`` on extended-XYZ exports of the three splits, then our evaluation of its model."""
     require("mace")
     ase_io = require("ase.io")
@@ -189,9 +219,9 @@ def run_mace(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[st
         f"--valid_file={files['val']}", "--energy_key=REF_energy", "--forces_key=REF_forces",
         "--E0s=average", "--model=MACE", f"--hidden_irreps={c}x0e + {c}x1o", "--max_L=1",
         "--r_max=5.0", "--num_interactions=2", "--correlation=3", "--batch_size=5",
-        "--valid_batch_size=50", f"--max_num_epochs={args.epochs}", "--lr=0.01", "--energy_weight=1",
+        "--valid_batch_size=50", f"--max_num_epochs={epochs}", "--lr=0.01", "--energy_weight=1",
         "--forces_weight=1000", "--ema", "--ema_decay=0.99", "--amsgrad", "--device=cpu",
-        "--default_dtype=float32", f"--seed={args.seed}", f"--eval_interval={args.epochs}",
+        "--default_dtype=float32", f"--seed={args.seed}", f"--eval_interval={epochs}",
         "--error_table=TotalMAE", "--plot=False", "--save_cpu",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
@@ -205,7 +235,7 @@ def run_mace(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[st
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "wall_s": wall,
-        "epochs": args.epochs,
+        "epochs": epochs,
         **_split_metrics(task, lambda x: _mace_predict(model, task, x)),
     }
 
@@ -255,7 +285,7 @@ def import_schnetpack():
     return require("schnetpack")
 
 
-def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: int) -> dict[str, Any]:
     """SchNetPack's AtomisticTask + Lightning on an ASE database of the file, with our split."""
     spk = import_schnetpack()
     pl = require("pytorch_lightning")
@@ -335,7 +365,7 @@ def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[
     )
     pl.seed_everything(args.seed, workers=True)
     trainer = pl.Trainer(
-        max_epochs=args.epochs,
+        max_epochs=epochs,
         accelerator="cpu",
         devices=1,
         logger=False,
@@ -366,6 +396,6 @@ def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace) -> dict[
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "wall_s": wall,
-        "epochs": args.epochs,
+        "epochs": epochs,
         **{f"{s}_{k}": v for s, metrics in predictions.items() for k, v in metrics.items()},
     }
