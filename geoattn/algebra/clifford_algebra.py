@@ -165,15 +165,13 @@ class CliffordAlgebra:
         return table
 
     def _build_masters(self) -> dict[str, Tensor]:
-        """All tables as float64 (signs) / int64 (indices) CPU tensors; built once, eagerly."""
+        """All tables as float64 (signs, products) / int64 (indices) CPU tensors; built once, eagerly."""
         t, dim = self._tables, self.dim
-        index = {m: i for i, m in enumerate(t.masks)}
-        # partner[i, k]: the only blade j with e_i e_j ∝ e_k (j = i xor k as bitmasks)
-        partner = [[index[t.masks[i] ^ t.masks[k]] for k in range(dim)] for i in range(dim)]
-        out = {"partner": torch.tensor(partner, dtype=torch.long)}
-        for name, entries in self._entries.items():
-            i, _, k, s = torch.tensor(entries, dtype=torch.long).T
-            out[name] = torch.zeros(dim, dim, dtype=torch.float64).index_put((i, k), s.double())
+        out = {}
+        for name, entries in self._entries.items():  # dense (dim, dim·dim): T[i, j·dim + k] (dense_product)
+            i, j, k, s = torch.tensor(entries, dtype=torch.long).T
+            dense = torch.zeros(dim, dim, dim, dtype=torch.float64).index_put((i, j, k), s.double())
+            out[name] = dense.reshape(dim, dim * dim)
         for name, table in (("cayley", "geometric"), ("twisted_cayley", "twisted")):  # dense (dim, dim, dim)
             i, j, k, s = torch.tensor(self._entries[table], dtype=torch.long).T
             out[name] = torch.zeros(dim, dim, dim, dtype=torch.float64).index_put((i, j, k), s.double())
@@ -235,7 +233,7 @@ class CliffordAlgebra:
 
         Algebras with dim ≤ ``kernels.COMPILE_MAX_DIM``: inside a caller's ``torch.compile`` the
         generated per-blade expression is traced into its graph; large eager batches run that
-        expression compiled. Everything else uses the gather form.
+        expression compiled. Everything else uses the dense-table form (``kernels.dense_product``).
         """
         per_blade = self.dim <= kernels.COMPILE_MAX_DIM
         if torch.compiler.is_compiling():
@@ -244,8 +242,7 @@ class CliffordAlgebra:
         elif per_blade and self.compile and not self._products.compile_failed:
             if math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])) >= kernels.COMPILE_MIN_ROWS:
                 return kernels.CompiledBilinear.apply(a, b, self._products, table)
-        t = self._table(a.device, a.dtype)
-        return kernels.gather_product(a, b, t["partner"], t[table])
+        return kernels.dense_product(a, b, self._table(a.device, a.dtype)[table])
 
     def geometric_product(self, a: Tensor, b: Tensor) -> Tensor:
         """``a b``. a: ``(..., dim)``, b: ``(..., dim)`` (leading dims broadcast) → ``(..., dim)``."""

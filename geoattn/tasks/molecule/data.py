@@ -20,14 +20,20 @@ File format (``MOLECULE_FORMAT`` = version 1), one ``.npz`` (written with ``nump
 | ``forces`` | float64 ``(F, N, 3)`` | eV/Å, ``−∂E/∂x`` |
 | ``settings`` | str | JSON of the :class:`TrajectorySettings` that made the file, plus package versions |
 
-A fixed ``seed`` gives the same file bit for bit on the same machine and thread count (the SCF's
-OpenMP reductions may round differently with other thread counts, and MD amplifies any difference).
+A fixed ``seed`` gives the same file bit for bit on the same machine: the MD runs tblite with one
+OpenMP thread (:func:`one_openmp_thread`), because its SCF sums in OpenMP ``critical`` sections, in
+whatever order the threads arrive (measured: on a busy machine two builds with two threads differed
+within 10 MD steps, and MD amplifies any difference).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -154,6 +160,27 @@ def initial_geometry(smiles: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return z, np.asarray(mol.GetConformer().GetPositions(), dtype=np.float64)
 
 
+@contextlib.contextmanager
+def one_openmp_thread() -> Iterator[None]:
+    """Run the block with one OpenMP thread in the GNU OpenMP runtime (tblite's on Linux), then restore
+    the previous count. The setting is the calling thread's, so other threads are unaffected; where no
+    libgomp is found (another platform's runtime) the block runs unchanged."""
+    name = ctypes.util.find_library("gomp")
+    try:
+        gomp = ctypes.CDLL(name) if name else None  # the loaded instance if tblite loaded it already
+    except OSError:
+        gomp = None
+    if gomp is None:
+        yield
+        return
+    before = gomp.omp_get_max_threads()
+    gomp.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        gomp.omp_set_num_threads(before)
+
+
 def build_trajectory(settings: TrajectorySettings, *, progress: bool = True) -> Trajectory:
     """Run the MD of ``settings`` and return its frames (see the module docstring)."""
     ase = require("ase")
@@ -188,7 +215,8 @@ def build_trajectory(settings: TrajectorySettings, *, progress: bool = True) -> 
     out_energies = np.empty(frames)
     out_forces = np.empty((frames, n, 3))
     total = settings.equilibration + frames * settings.stride
-    with tqdm(total=total, desc=f"MD {settings.name}", unit="step", disable=not progress) as bar:
+    bar = tqdm(total=total, desc=f"MD {settings.name}", unit="step", disable=not progress)
+    with bar, one_openmp_thread():  # a deterministic SCF (module docstring)
         if settings.equilibration:
             dynamics.run(settings.equilibration)
             bar.update(settings.equilibration)
