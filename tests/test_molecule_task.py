@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from geoattn.bench.molecule import model_epochs
+from geoattn.bench.molecule import mace_stage_two, mace_training_wall, model_epochs
 from geoattn.cli import main
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes
@@ -189,3 +189,18 @@ def test_bench_epochs_one_for_all_or_one_per_model():
     ):
         with pytest.raises(ConfigError, match=message):
             model_epochs(bad, ["rotor", "schnet"])
+
+
+def test_mace_recipe_stage_two_and_training_wall_from_its_log(tmp_path):
+    assert [mace_stage_two(e) for e in (1, 4, 5, 12, 40)] == [0, 0, 1, 2, 8]
+    log = tmp_path / "train.log"
+    log.write_text(
+        "2026-12-01 14:22:10.500 INFO: MACE version: 0.3.16\n"
+        "2026-12-01 14:22:41.931 INFO: Started training, reporting errors on validation set\n"
+        "2026-12-01 14:30:00.000 INFO: Epoch 0: head: Default, loss=0.79\n"
+        "2026-12-01 14:32:42.431 INFO: Training complete\n"
+    )
+    assert mace_training_wall(log) == pytest.approx(600.5)
+    log.write_text("2026-12-01 14:22:10.500 INFO: MACE version: 0.3.16\n")
+    with pytest.raises(RuntimeError, match="no training start"):
+        mace_training_wall(log)
