@@ -224,9 +224,13 @@ def run_mace(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: in
         "--r_max=5.0", "--num_interactions=2", "--correlation=3", "--batch_size=5",
         "--valid_batch_size=50", f"--max_num_epochs={epochs}", "--lr=0.01", "--energy_weight=1",
         "--forces_weight=1000", "--ema", "--ema_decay=0.99", "--amsgrad", "--device=cpu",
-        "--default_dtype=float32", f"--seed={args.seed}", f"--eval_interval={epochs}",
+        "--default_dtype=float32", f"--seed={args.seed}", f"--eval_interval={max(1, epochs - 1)}",
         "--error_table=TotalMAE", "--plot=False", "--save_cpu",
     ]  # fmt: skip
+    # mace_run_train evaluates (and checkpoints the best model so far) after epochs i with
+    # i % eval_interval == 0, counting from 0, and its final model is the last checkpoint: so the
+    # interval is epochs − 1 (after the first and the last epoch), never epochs (then only epoch 0's
+    # weights would be saved)
     stage_two = mace_stage_two(epochs)
     if stage_two:  # the recipe's second stage (energy weight 1000, forces 100, lr 1e-3) for the last epochs
         command += ["--swa", f"--start_swa={epochs - stage_two}"]
