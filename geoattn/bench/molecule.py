@@ -5,8 +5,9 @@ training, ``--n-val`` validation configurations, the rest test), and for every m
 (passes over the training set: the same for all, or one per model to match their training wall times);
 each trains with its own package's training code and its published MD17 recipe, scaled to a CPU:
 
-* ``rotor``: ``geoattn``'s trainer on the molecule task (``MoleculeRotor``), batch 10, AdamW, the
-  energy/force MSE weights 0.01/0.99 (SchNetPack's MD17 recipe).
+* ``rotor``: ``geoattn``'s trainer on the molecule task (``MoleculeRotor``) with the task's recipe
+  (``MoleculeTask.recipes``: batch 10, AdamW, lr 1e-2, cosine) and the energy/force MSE weights
+  0.01/0.99 (SchNetPack's MD17 recipe).
 * ``mace``: ``mace_run_train`` (mace-torch) on extended-XYZ exports of the same splits; the MACE paper's
   rMD17 recipe (r_max 5 Å, 2 interactions, correlation 3, batch 5, lr 0.01, AMSGrad, EMA, energy/force
   weights 1/1000, then the second (SWA) stage with weights 1000/100 for the last fifth of the epochs
@@ -68,9 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rotor-set",
         nargs="*",
-        default=["n_layer=3", "n_head=4", "n_embd=128", "lr=5e-3", "weight_decay=0.0", "warmup_iters=50"],
+        default=[],
         help="the rotor run's TrainConfig fields (KEY=VALUE) and task / model settings (task.KEY=VALUE, "
-        "model.KEY=VALUE)",
+        "model.KEY=VALUE) over the task's recipe (geoattn train --task molecule --model rotor)",
     )
     parser.add_argument("--mace-channels", type=int, default=32, help="MACE channels (paper: 256)")
     parser.add_argument("--schnet-width", type=int, default=64, help="SchNet n_atom_basis (published: 128)")
@@ -148,36 +149,27 @@ def _split_metrics(task: MoleculeTask, predict) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------------------- rotor ----
 def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: int) -> dict[str, Any]:
-    """geoattn's trainer on the task, ``epochs · n_train / batch`` steps of batch 10."""
+    """geoattn's trainer on the task with its rotor recipe (``MoleculeTask.recipes``) and
+    ``--rotor-set`` on top: ``epochs · n_train / batch_size`` steps."""
     from geoattn.tasks import get_task
-    from geoattn.training.config import TrainConfig, parse_set
+    from geoattn.training.config import build_config, parse_set
     from geoattn.training.trainer import Trainer
 
-    fields = parse_set(args.rotor_set)  # as `geoattn train --set`: fields, task.KEY, model.KEY
-    options = {"task": fields.pop("task_options", {}), "model": fields.pop("model_options", {})}
-    batch = fields.pop("batch_size", 10)
+    user = parse_set(args.rotor_set)  # as `geoattn train --set`: fields, task.KEY, model.KEY
+    run = {"task": "molecule", "model": "rotor", "data": args.data}
+    split = {"task_options": {"name": task.config.name, "n_train": args.n_train, "n_val": args.n_val}}
+    batch = build_config(run, user).batch_size  # the recipe's, or the user's
     steps = max(1, epochs * len(task.indices["train"]) // batch)
-    config = TrainConfig(
-        task="molecule",
-        model="rotor",
-        data=args.data,
-        task_options={
-            "name": task.config.name,
-            "n_train": args.n_train,
-            "n_val": args.n_val,
-            **options["task"],
-        },
-        model_options=options["model"],
-        batch_size=batch,
-        max_iters=steps,
-        eval_interval=steps,
-        eval_iters=5,
-        log_interval=50,
-        plots=False,
-        seed=args.seed,
-        out=str(out),
-        **fields,
-    )
+    schedule = {
+        "max_iters": steps,
+        "eval_interval": steps,
+        "eval_iters": 5,
+        "log_interval": 50,
+        "plots": False,
+        "seed": args.seed,
+        "out": str(out),
+    }
+    config = build_config(run, split, user, schedule)
     torch.manual_seed(args.seed)
     # the run's own task: task.* settings (the embedding, the loss weights) live in the task's config
     trainer = Trainer(config, get_task(config), out, verbose=False)
