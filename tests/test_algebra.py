@@ -155,6 +155,9 @@ def test_products_match_clifford(pair: Pair, seed: int):
     close(alg.scalar_product(a, b), pair.gp(an, bn)[..., 0])
     assert alg.geometric_product(a, b).shape == (3, 4, alg.dim)
     assert alg.scalar_product(a, b).shape == (3, 4)
+    # and the other way round: the left operand with fewer leading dims
+    a2, b2 = rand(seed + 2, 4, alg.dim), rand(seed + 3, 3, 1, alg.dim)
+    close(alg.geometric_product(a2, b2), pair.gp(a2.numpy(), b2.numpy()))
 
 
 @FEW
@@ -508,8 +511,9 @@ def test_bad_input_raises_value_error():
         alg.reverse(torch.zeros(8, dtype=torch.long))
 
 
-def test_compiled_kernels_match_gather_values_and_gradients(monkeypatch):
-    """The large-batch path (compiled per-blade kernels with their own backward) against the gather form."""
+def test_compiled_kernels_match_the_eager_form_values_and_gradients(monkeypatch):
+    """The large-batch path (compiled per-blade kernels with their own backward) against the eager
+    dense-table form."""
     from geoattn.algebra import kernels
 
     monkeypatch.setattr(kernels, "COMPILE_MIN_ROWS", 1)

@@ -19,6 +19,7 @@ from geoattn.tasks.molecule.data import (
     TrajectorySettings,
     build_trajectory,
     load_trajectory,
+    one_openmp_thread,
     require,
     save_trajectory,
 )
@@ -175,6 +176,10 @@ def test_bench_trains_the_rotor_and_schnet_on_the_same_split(water_file, tmp_pat
         values = [row[f"{s}_{k}_mae_mev"] for s in ("val", "test") for k in ("energy", "force")]
         assert all(np.isfinite(v) and v > 0 for v in values), row
     assert "| rotor " in capsys.readouterr().out
+    # the rotor trained with the task's recipe under the user's --rotor-set
+    train = json.loads((tmp_path / "rotor" / "config.json").read_text())["train"]
+    got = (train["lr"], train["model_options"], train["n_embd"], train["n_layer"])
+    assert got == (1e-2, {"scalars": 64}, 32, 1)
     assert list(cwd.iterdir()) == []  # (SchNetPack's split lock file went to --out)
 
 
@@ -204,3 +209,22 @@ def test_mace_recipe_stage_two_and_training_wall_from_its_log(tmp_path):
     log.write_text("2026-12-01 14:22:10.500 INFO: MACE version: 0.3.16\n")
     with pytest.raises(RuntimeError, match="no training start"):
         mace_training_wall(log)
+
+
+def test_bench_rotor_set_cannot_change_the_schedule_or_split(water_file, tmp_path, capsys):
+    for fixed in ("seed=3", "task.n_train=4"):
+        argv = ["bench", "molecule", "--name", "water", "--data", str(water_file), "--n-train", "6"]
+        argv += ["--n-val", "3", "--models", "rotor", "--out", str(tmp_path), "--rotor-set", fixed]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and fixed.partition("=")[0] in err
+
+
+def test_the_md_runs_on_one_openmp_thread_and_restores_the_count():
+    import ctypes
+
+    gomp = ctypes.CDLL("libgomp.so.1")
+    gomp.omp_set_num_threads(2)
+    with one_openmp_thread():
+        assert gomp.omp_get_max_threads() == 1
+    assert gomp.omp_get_max_threads() == 2

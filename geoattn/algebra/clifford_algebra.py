@@ -168,13 +168,19 @@ class CliffordAlgebra:
         """All tables as float64 (signs, products) / int64 (indices) CPU tensors; built once, eagerly."""
         t, dim = self._tables, self.dim
         out = {}
-        for name, entries in self._entries.items():  # dense (dim, dim·dim): T[i, j·dim + k] (dense_product)
+        dense = {}  # (dim, dim, dim): e_i e_j = Σ_k T[i, j, k] e_k for each product
+        for name, entries in self._entries.items():
             i, j, k, s = torch.tensor(entries, dtype=torch.long).T
-            dense = torch.zeros(dim, dim, dim, dtype=torch.float64).index_put((i, j, k), s.double())
-            out[name] = dense.reshape(dim, dim * dim)
-        for name, table in (("cayley", "geometric"), ("twisted_cayley", "twisted")):  # dense (dim, dim, dim)
-            i, j, k, s = torch.tensor(self._entries[table], dtype=torch.long).T
-            out[name] = torch.zeros(dim, dim, dim, dtype=torch.float64).index_put((i, j, k), s.double())
+            dense[name] = torch.zeros(dim, dim, dim, dtype=torch.float64).index_put((i, j, k), s.double())
+        if dim <= kernels.COMPILE_MAX_DIM:  # kernels.dense_product: T as (dim, dim·dim)
+            out.update({name: table.reshape(dim, dim * dim) for name, table in dense.items()})
+        else:  # kernels.gather_product: signs (dim, dim) [i, k] and the partner j of (i, k)
+            index = {m: i for i, m in enumerate(t.masks)}
+            # partner[i, k]: the only blade j with e_i e_j ∝ e_k (j = i xor k as bitmasks)
+            partner = [[index[t.masks[i] ^ t.masks[k]] for k in range(dim)] for i in range(dim)]
+            out["partner"] = torch.tensor(partner, dtype=torch.long)
+            out.update({name: table.sum(1) for name, table in dense.items()})
+        out["cayley"], out["twisted_cayley"] = dense["geometric"], dense["twisted"]  # (dim, dim, dim)
         g = torch.tensor(t.grades)
         out["reverse"] = torch.where((g * (g - 1) // 2) % 2 == 1, -1.0, 1.0).double()
         out["involution"] = torch.where(g % 2 == 1, -1.0, 1.0).double()
@@ -233,7 +239,8 @@ class CliffordAlgebra:
 
         Algebras with dim ≤ ``kernels.COMPILE_MAX_DIM``: inside a caller's ``torch.compile`` the
         generated per-blade expression is traced into its graph; large eager batches run that
-        expression compiled. Everything else uses the dense-table form (``kernels.dense_product``).
+        expression compiled. Small eager batches take ``kernels.dense_product``, larger algebras
+        ``kernels.gather_product``.
         """
         per_blade = self.dim <= kernels.COMPILE_MAX_DIM
         if torch.compiler.is_compiling():
@@ -242,7 +249,10 @@ class CliffordAlgebra:
         elif per_blade and self.compile and not self._products.compile_failed:
             if math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])) >= kernels.COMPILE_MIN_ROWS:
                 return kernels.CompiledBilinear.apply(a, b, self._products, table)
-        return kernels.dense_product(a, b, self._table(a.device, a.dtype)[table])
+        t = self._table(a.device, a.dtype)
+        if per_blade:
+            return kernels.dense_product(a, b, t[table])
+        return kernels.gather_product(a, b, t["partner"], t[table])
 
     def geometric_product(self, a: Tensor, b: Tensor) -> Tensor:
         """``a b``. a: ``(..., dim)``, b: ``(..., dim)`` (leading dims broadcast) → ``(..., dim)``."""

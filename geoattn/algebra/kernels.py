@@ -1,11 +1,14 @@
 """Kernels of the bilinear products (geometric, outer, left contraction, twisted) of `CliffordAlgebra`.
 
-Two forms of the same sparse product ``c_k = Σ sign · a_i · b_j`` over the nonzero Cayley entries:
+Three forms of the same sparse product ``c_k = Σ sign · a_i · b_j`` over the nonzero Cayley entries:
 
-* ``dense_product``: one GEMM of ``a`` with the product's dense ``(dim, dim·dim)`` table, then a
-  multiply and sum with ``b`` over a ``(..., dim, dim)`` intermediate; cheapest for small batches in
-  eager mode (three kernels, and its gradients, to any order, are GEMMs and elementwise ops: it
-  replaced an indexed gather whose backward was a scatter, 2–6× slower forward + backward here).
+* ``dense_product`` (dim ≤ ``COMPILE_MAX_DIM``): one GEMM of ``a`` with the product's dense
+  ``(dim, dim·dim)`` table, then a multiply and sum with ``b`` over a ``(..., dim, dim)``
+  intermediate; cheapest for small eager batches (three kernels, and its gradients, to any order,
+  are GEMMs and elementwise ops; the gather below, whose backward is a scatter, measured 2–6×
+  slower forward + backward for Cl(3) at 500–20,000 rows).
+* ``gather_product`` (larger algebras): the dim² nonzero terms through an indexed gather; the GEMM
+  would do dim³ (32× the work at dim = 32).
 * a per-blade expression generated from the sparse table (64 multiply-adds for Cl(3)), evaluated
   component-major (``(dim, M)``: each blade a contiguous row, so every multiply-add is a vector op).
   Large eager batches run it under ``torch.compile``: one fused kernel whose transposes in and out
@@ -29,12 +32,21 @@ Entries = Sequence[tuple[int, int, int, int]]  # (i, j, k, sign): e_i ∘ e_j = 
 # e.g. in other modules' unit tests, should never wait for a compilation).
 COMPILE_MIN_ROWS = 32768
 # Above this many blades (n ≥ 5: 1024+ terms per product, three kernels with the backward) the
-# compilation itself takes minutes; such algebras stay on the dense-table form unless the caller
+# compilation itself takes minutes; such algebras stay on the gather form unless the caller
 # compiles their own model (which traces the per-blade expression).
 COMPILE_MAX_DIM = 16
 # torch.compile backend of the large-batch kernels (tests use "eager": dynamo's tracing and caching
 # without code generation)
 COMPILE_BACKEND = "inductor"
+
+
+def gather_product(a: Tensor, b: Tensor, partner: Tensor, signs: Tensor) -> Tensor:
+    """``c_k = Σ_i signs[i, k] · a_i · b_{partner[i, k]}``; a, b ``(..., dim)`` broadcasting → ``(..., dim)``.
+
+    Each output blade k gets one term per left blade i (the partner j = i xor k is unique), so this
+    is the nonzero Cayley entries (dim² multiply-adds), not the dense dim³ contraction.
+    """
+    return (a.unsqueeze(-1) * b[..., partner] * signs).sum(-2)
 
 
 def dense_product(a: Tensor, b: Tensor, table: Tensor) -> Tensor:
@@ -43,7 +55,8 @@ def dense_product(a: Tensor, b: Tensor, table: Tensor) -> Tensor:
     table: the product's dense table ``T`` reshaped ``(dim, dim·dim)``. ``a @ T`` is
     ``(..., dim (j), dim (k))``; contracting it with ``b`` over j gives the product. The GEMM does
     dim³ multiply-adds where the product has dim² nonzero terms, but at dim ≤ 16 one GEMM costs less
-    than the indexing a sparse form needs.
+    than the indexing a sparse form needs. Its backward keeps ``a @ T`` ``(..., dim·dim)`` when b
+    needs a gradient.
     """
     dim = a.shape[-1]
     return ((a @ table).unflatten(-1, (dim, dim)) * b.unsqueeze(-1)).sum(-2)

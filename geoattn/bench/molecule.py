@@ -30,6 +30,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -91,10 +92,12 @@ def model_epochs(values: list[str], models: list[str]) -> dict[str, int]:
     epochs = {}
     for entry in values:
         model, sep, number = entry.partition("=")
-        if not sep or not number.isdigit() or int(number) < 1:
+        if not sep or not number.isdecimal() or int(number) < 1:
             raise ConfigError(f"--epochs takes N or MODEL=N with N ≥ 1, got {entry!r}")
         if model not in MODELS:
             raise ConfigError(f"--epochs names model {model!r}; models are {', '.join(MODELS)}")
+        if model in epochs:
+            raise ConfigError(f"--epochs gives model {model!r} twice")
         epochs[model] = int(number)
     missing = [m for m in models if m not in epochs]
     if missing:
@@ -105,6 +108,8 @@ def model_epochs(values: list[str], models: list[str]) -> dict[str, int]:
 def run(args: argparse.Namespace) -> int:
     """Train every model of ``--models`` on the same file and split, then print the table."""
     epochs = model_epochs(args.epochs, args.models)
+    if "rotor" in args.models:
+        rotor_overrides(args.rotor_set)  # a bad key fails before any training
     torch.set_num_threads(args.threads)
     task = MoleculeTask(
         MoleculeConfig(name=args.name, data=args.data, n_train=args.n_train, n_val=args.n_val)
@@ -148,14 +153,33 @@ def _split_metrics(task: MoleculeTask, predict) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------- rotor ----
+# what --rotor-set may not change: the schedule follows --epochs / --seed / --out, the split the flags
+ROTOR_SET_FIXED = ("max_iters", "eval_interval", "eval_iters", "log_interval", "plots", "seed", "out", "data")
+ROTOR_SET_FIXED_TASK = ("name", "data", "n_train", "n_val", "split_seed")
+
+
+def rotor_overrides(items: list[str]) -> dict[str, Any]:
+    """``--rotor-set`` parsed as ``geoattn train --set`` (fields, task.KEY, model.KEY); ConfigError for
+    the keys the bench sets for every model alike (the schedule, the split)."""
+    from geoattn.training.config import parse_set
+
+    user = parse_set(items)
+    fixed = [k for k in ROTOR_SET_FIXED if k in user] + [
+        f"task.{k}" for k in ROTOR_SET_FIXED_TASK if k in user.get("task_options", {})
+    ]
+    if fixed:
+        raise ConfigError(f"--rotor-set cannot set {', '.join(fixed)}: the bench's flags set them")
+    return user
+
+
 def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: int) -> dict[str, Any]:
     """geoattn's trainer on the task with its rotor recipe (``MoleculeTask.recipes``) and
     ``--rotor-set`` on top: ``epochs · n_train / batch_size`` steps."""
     from geoattn.tasks import get_task
-    from geoattn.training.config import build_config, parse_set
+    from geoattn.training.config import build_config
     from geoattn.training.trainer import Trainer
 
-    user = parse_set(args.rotor_set)  # as `geoattn train --set`: fields, task.KEY, model.KEY
+    user = rotor_overrides(args.rotor_set)
     run = {"task": "molecule", "model": "rotor", "data": args.data}
     split = {"task_options": {"name": task.config.name, "n_train": args.n_train, "n_val": args.n_val}}
     batch = build_config(run, user).batch_size  # the recipe's, or the user's
@@ -219,14 +243,17 @@ def run_mace(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: in
         "--default_dtype=float32", f"--seed={args.seed}", f"--eval_interval={max(1, epochs - 1)}",
         "--error_table=TotalMAE", "--plot=False", "--save_cpu",
     ]  # fmt: skip
-    # mace_run_train evaluates (and checkpoints the best model so far) after epochs i with
-    # i % eval_interval == 0, counting from 0, and its final model is the last checkpoint: so the
-    # interval is epochs − 1 (after the first and the last epoch), never epochs (then only epoch 0's
-    # weights would be saved)
+    # mace_run_train evaluates (and checkpoints the model when its validation loss is the lowest so
+    # far) after epochs i with i % eval_interval == 0, counting from 0, and saves its last checkpoint:
+    # so the interval is epochs − 1 (after the first and the last epoch: the better of the two, and
+    # the last one in a stage-two run, which resets the lowest loss), never epochs (then only epoch
+    # 0's weights would be saved)
     stage_two = mace_stage_two(epochs)
     if stage_two:  # the recipe's second stage (energy weight 1000, forces 100, lr 1e-3) for the last epochs
         command += ["--swa", f"--start_swa={epochs - stage_two}"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    threads = str(args.threads)
+    # unbuffered: its log lines and warnings share one file, and the wall is read from the lines
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
     with open(out / "train.log", "w") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
@@ -259,8 +286,9 @@ def mace_training_wall(log: Path) -> float:
     stamps = {}
     for line in log.read_text().splitlines():
         for key in ("Started training", "Training complete"):
-            if key in line and key not in stamps:
-                stamps[key] = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f")
+            found = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+) INFO: " + key, line)
+            if found and key not in stamps:
+                stamps[key] = datetime.datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S.%f")
     if len(stamps) != 2:
         raise RuntimeError(f"no training start / end lines in {log}: did mace_run_train change its log?")
     return (stamps["Training complete"] - stamps["Started training"]).total_seconds()

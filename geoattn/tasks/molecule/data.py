@@ -165,11 +165,15 @@ def one_openmp_thread() -> Iterator[None]:
     """Run the block with one OpenMP thread in the GNU OpenMP runtime (tblite's on Linux), then restore
     the previous count. The setting is the calling thread's, so other threads are unaffected; where no
     libgomp is found (another platform's runtime) the block runs unchanged."""
-    name = ctypes.util.find_library("gomp")
-    try:
-        gomp = ctypes.CDLL(name) if name else None  # the loaded instance if tblite loaded it already
-    except OSError:
-        gomp = None
+    gomp = None
+    # by soname first: that is the instance already loaded (torch's or the system's, as tblite found it)
+    for name in ("libgomp.so.1", ctypes.util.find_library("gomp")):
+        try:
+            gomp = ctypes.CDLL(name) if name else None
+        except OSError:
+            continue
+        if gomp is not None:
+            break
     if gomp is None:
         yield
         return

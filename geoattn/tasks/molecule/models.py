@@ -6,9 +6,10 @@ The energy is a sum of per-atom terms, the forces are ``−∂E/∂x`` by autogr
 and equivariant whenever E is invariant).
 
 Why an embedding before the transformer: rotor attention weighs pairs by inner products of their
-multivector features, which carry no interatomic distances unless the features do. One radial message
-pass (SchNet's continuous filter for the scalars, PaiNN's equivariant form ``Σ_j w(d_ij) r_ij`` for the
-vectors) gives every atom its local environment; the transformer then attends over the whole molecule.
+multivector features, which carry no interatomic distances unless the features do. Radial message
+passing (``interactions`` SchNet-style continuous-filter updates of the scalars, summed over the
+neighbours, then PaiNN's equivariant form ``Σ_j w(d_ij) r_ij`` for the vectors) gives every atom its
+local environment; the transformer then attends over the whole molecule.
 The embedding uses a smooth cut-off (Bessel basis × polynomial envelope, as DimeNet and MACE) so the
 energy is smooth; attention is global: MD17 molecules have ≤ 21 atoms, so N² pairs cost nothing and a
 neighbour list would not pay.
@@ -117,7 +118,7 @@ class AtomEnvironment(nn.Module):
     """
 
     def __init__(
-        self, n_types: int, scalars: int, vectors: int, cutoff: float, n_rbf: int, interactions: int = 1
+        self, n_types: int, scalars: int, vectors: int, cutoff: float, n_rbf: int, interactions: int = 3
     ):
         super().__init__()
         S = scalars
