@@ -172,7 +172,7 @@ class CliffordAlgebra:
         for name, entries in self._entries.items():
             i, j, k, s = torch.tensor(entries, dtype=torch.long).T
             dense[name] = torch.zeros(dim, dim, dim, dtype=torch.float64).index_put((i, j, k), s.double())
-        if dim <= kernels.COMPILE_MAX_DIM:  # kernels.dense_product: T as (dim, dim·dim)
+        if dim <= kernels.DENSE_MAX_DIM:  # kernels.dense_product: T as (dim, dim·dim)
             out.update({name: table.reshape(dim, dim * dim) for name, table in dense.items()})
         else:  # kernels.gather_product: signs (dim, dim) [i, k] and the partner j of (i, k)
             index = {m: i for i, m in enumerate(t.masks)}
@@ -239,8 +239,8 @@ class CliffordAlgebra:
 
         Algebras with dim ≤ ``kernels.COMPILE_MAX_DIM``: inside a caller's ``torch.compile`` the
         generated per-blade expression is traced into its graph; large eager batches run that
-        expression compiled. Small eager batches take ``kernels.dense_product``, larger algebras
-        ``kernels.gather_product``.
+        expression compiled. Small eager batches take ``kernels.dense_product`` (dim ≤
+        ``kernels.DENSE_MAX_DIM``) or ``kernels.gather_product``.
         """
         per_blade = self.dim <= kernels.COMPILE_MAX_DIM
         if torch.compiler.is_compiling():
@@ -250,7 +250,7 @@ class CliffordAlgebra:
             if math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])) >= kernels.COMPILE_MIN_ROWS:
                 return kernels.CompiledBilinear.apply(a, b, self._products, table)
         t = self._table(a.device, a.dtype)
-        if per_blade:
+        if self.dim <= kernels.DENSE_MAX_DIM:
             return kernels.dense_product(a, b, t[table])
         return kernels.gather_product(a, b, t["partner"], t[table])
 

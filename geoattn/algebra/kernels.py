@@ -2,13 +2,15 @@
 
 Three forms of the same sparse product ``c_k = Σ sign · a_i · b_j`` over the nonzero Cayley entries:
 
-* ``dense_product`` (dim ≤ ``COMPILE_MAX_DIM``): one GEMM of ``a`` with the product's dense
-  ``(dim, dim·dim)`` table, then a multiply and sum with ``b`` over a ``(..., dim, dim)``
-  intermediate; cheapest for small eager batches (three kernels, and its gradients, to any order,
-  are GEMMs and elementwise ops; the gather below, whose backward is a scatter, measured 2–6×
-  slower forward + backward for Cl(3) at 500–20,000 rows).
+* ``dense_product`` (dim ≤ ``DENSE_MAX_DIM``, i.e. Cl(3)): one GEMM of ``a`` with the product's
+  dense ``(dim, dim·dim)`` table, then a multiply and sum with ``b`` over a ``(..., dim, dim)``
+  intermediate; its gradients, to any order, are GEMMs and elementwise ops. Against the gather
+  below, whose backward is a scatter (`geoattn bench algebra --n 3360`, 2 threads, idle, each run
+  against kingdon in the same run): Cl(3) forward + backward 0.90 against 1.32 ms (× kingdon 1.52
+  against 1.63: level within the noise); through the double backward of a force loss (the molecule
+  model, one thread, a microbenchmark on a loaded machine) ~5 against ~10 ms at 3360 rows.
 * ``gather_product`` (larger algebras): the dim² nonzero terms through an indexed gather; the GEMM
-  would do dim³ (32× the work at dim = 32).
+  does dim³, and already at dim = 16 (PGA) measured slower (× kingdon 1.51 against 2.52).
 * a per-blade expression generated from the sparse table (64 multiply-adds for Cl(3)), evaluated
   component-major (``(dim, M)``: each blade a contiguous row, so every multiply-add is a vector op).
   Large eager batches run it under ``torch.compile``: one fused kernel whose transposes in and out
@@ -35,6 +37,8 @@ COMPILE_MIN_ROWS = 32768
 # compilation itself takes minutes; such algebras stay on the gather form unless the caller
 # compiles their own model (which traces the per-blade expression).
 COMPILE_MAX_DIM = 16
+# Algebras up to this many blades take the dense-table product in eager mode (module docstring)
+DENSE_MAX_DIM = 8
 # torch.compile backend of the large-batch kernels (tests use "eager": dynamo's tracing and caching
 # without code generation)
 COMPILE_BACKEND = "inductor"
@@ -54,8 +58,8 @@ def dense_product(a: Tensor, b: Tensor, table: Tensor) -> Tensor:
 
     table: the product's dense table ``T`` reshaped ``(dim, dim·dim)``. ``a @ T`` is
     ``(..., dim (j), dim (k))``; contracting it with ``b`` over j gives the product. The GEMM does
-    dim³ multiply-adds where the product has dim² nonzero terms, but at dim ≤ 16 one GEMM costs less
-    than the indexing a sparse form needs. Its backward keeps ``a @ T`` ``(..., dim·dim)`` when b
+    dim³ multiply-adds where the product has dim² nonzero terms, but at dim = 8 one GEMM costs no
+    more than the indexing a sparse form needs. Its backward keeps ``a @ T`` ``(..., dim·dim)`` when b
     needs a gradient.
     """
     dim = a.shape[-1]
