@@ -7,8 +7,8 @@ Three forms of the same sparse product ``c_k = Σ sign · a_i · b_j`` over the 
   intermediate; its gradients, to any order, are GEMMs and elementwise ops. Against the gather
   below, whose backward is a scatter (`geoattn bench algebra --n 3360`, 2 threads, idle, each run
   against kingdon in the same run): Cl(3) forward + backward 0.90 against 1.32 ms (× kingdon 1.52
-  against 1.63: level within the noise); through the double backward of a force loss (the molecule
-  model, one thread, a microbenchmark on a loaded machine) ~5 against ~10 ms at 3360 rows.
+  against 1.63: level within the noise); its double backward (a force loss) stays GEMMs, where the
+  gather's is scatters.
 * ``gather_product`` (larger algebras): the dim² nonzero terms through an indexed gather; the GEMM
   does dim³, and already at dim = 16 (PGA) measured slower (× kingdon 1.51 against 2.52).
 * a per-blade expression generated from the sparse table (64 multiply-adds for Cl(3)), evaluated
