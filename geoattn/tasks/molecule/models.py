@@ -118,7 +118,7 @@ class AtomEnvironment(nn.Module):
     """
 
     def __init__(
-        self, n_types: int, scalars: int, vectors: int, cutoff: float, n_rbf: int, interactions: int = 3
+        self, n_types: int, scalars: int, vectors: int, cutoff: float, n_rbf: int, interactions: int
     ):
         super().__init__()
         S = scalars
