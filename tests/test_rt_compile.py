@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
 import geoattn.attention.rt_kernel as rt
 from geoattn.algebra.rotation import rope_frequencies
 from geoattn.attention.rt_kernel import rt_attention
 from geoattn.layers.rt_block import RTBlock
 from geoattn.models.lm import LMConfig, build_lm
+from geoattn.training.compiling import CompiledModel
 
 F64 = torch.float64
 
@@ -83,7 +85,10 @@ def test_rt_block_compiles_as_one_graph(process_noise):
 
 @pytest.mark.slow
 def test_compiled_rt_model_trains_like_the_eager_model():
-    """What the trainer's ``--compile`` runs (inductor): the same losses over a few AdamW steps."""
+    """What the trainer's ``--compile`` runs (inductor): the same losses over a few AdamW steps; and
+    a graph that torch's autograd cache keeps (with its custom autograd Functions and outside
+    autocast), so that a later process loads it instead of tracing it again."""
+    counters.clear()
     config = LMConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, 65, (2, 4, 16), generator=g) for _ in range(3)]
@@ -91,7 +96,7 @@ def test_compiled_rt_model_trains_like_the_eager_model():
     for compiled in (False, True):
         torch.manual_seed(0)
         model = build_lm("rt", config)
-        step_model = torch.compile(model) if compiled else model
+        step_model = CompiledModel(model) if compiled else model
         optimizer = torch.optim.AdamW(model.optim_groups(0.0), lr=1e-2)
         losses[compiled] = []
         for x, y in batches:
@@ -102,6 +107,9 @@ def test_compiled_rt_model_trains_like_the_eager_model():
             model.normalize_weights()
             losses[compiled].append(loss.item())
     torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=1e-4, atol=1e-4)
+    cache = counters["aot_autograd"]
+    assert cache["autograd_cache_bypass"] == 0, dict(cache)
+    assert cache["autograd_cache_miss"] + cache["autograd_cache_hit"] >= 1, dict(cache)
 
 
 @pytest.mark.parametrize("causal", [True, False])

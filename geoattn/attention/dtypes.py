@@ -22,13 +22,15 @@ def outside_autocast(kernel: Kernel) -> Kernel:
 
     The kernels cancel large terms (``β κ (⟨q̂, k̂⟩ − 1)``, ``|q − E R k|²``, ``1 ± ⟨a, b⟩``) and compute
     in :func:`work_dtype` for that reason; an enclosing ``torch.autocast`` would otherwise re-cast their
-    matmuls and SDPA calls to bf16 and undo it. Outputs keep the input dtype.
+    matmuls and SDPA calls to bf16 and undo it. Outputs keep the input dtype. Outside autocast the
+    kernel is called as it is: a disabled-autocast region in a compiled graph costs nothing at run time
+    but makes torch.compile's autograd cache skip the whole graph (it re-traces on every start).
     """
 
     @functools.wraps(kernel)
     def wrapper(q: Tensor, *args, **kwargs):
-        if not isinstance(q, Tensor):  # let the kernel's own validation name the problem
-            return kernel(q, *args, **kwargs)
+        if not isinstance(q, Tensor) or not torch.is_autocast_enabled(q.device.type):
+            return kernel(q, *args, **kwargs)  # (not a tensor: the kernel's own validation names it)
         with torch.autocast(q.device.type, enabled=False):
             return kernel(q, *args, **kwargs)
 

@@ -32,6 +32,7 @@ from geoattn.models.base import ModelSizes
 from geoattn.models.lm import LMConfig, build_lm
 from geoattn.models.rotor_lm import RotorLM, RotorLMConfig
 from geoattn.tasks.lm.task import LMTask
+from geoattn.training.compiling import CompiledModel
 from geoattn.training.config import TrainConfig
 
 # The RT model's switches (SPEC §1.3.4), each measured off.
@@ -114,7 +115,7 @@ def training_step(
     else:
         config = LMConfig.from_sizes(sizes, options, block_size=t)
         model = build_lm(variant.model, config)
-    step_model = torch.compile(model) if variant.compiled else model
+    step_model = CompiledModel(model) if variant.compiled else model
     optimizer = torch.optim.AdamW(
         model.optim_groups(train.weight_decay), lr=train.lr, betas=(train.beta1, train.beta2)
     )

@@ -35,6 +35,7 @@ import geoattn
 from geoattn.errors import CheckpointError, ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.tasks.base import Task
+from geoattn.training.compiling import CompiledModel
 from geoattn.training.config import COMPILE_MIN_ITERS, TrainConfig
 from geoattn.training.distributed import DistEnv, all_reduce_mean, any_rank, barrier
 from geoattn.training.loggers import RunLoggers, check_available
@@ -158,7 +159,7 @@ class Trainer:
         # what the training step calls: the model, its DDP wrapper, compiled if asked (same maths)
         self.step_model = self.ddp or self.model
         if self.compiled(config, task):
-            self.step_model = torch.compile(self.step_model)
+            self.step_model = CompiledModel(self.step_model)
         self.optimizer = torch.optim.AdamW(
             self.model.optim_groups(config.weight_decay),
             lr=config.lr,
