@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import geoattn.attention.rt_kernel as rt
-from geoattn.algebra.rotation import rope_frequencies
+from geoattn.algebra.rotation import rope_frequencies, rotate_pairs
 from geoattn.attention.rt_kernel import rt_attention
 from geoattn.layers.rt_block import RTBlock
 from geoattn.models.lm import LMConfig, build_lm
@@ -81,6 +81,22 @@ def test_rt_block_compiles_as_one_graph(process_noise):
     grads_c = torch.autograd.grad(out_c.square().sum(), list(block.parameters()))
     for g, g_c in zip(grads, grads_c):
         torch.testing.assert_close(g_c, g, rtol=1e-10, atol=1e-12)
+
+
+def test_compiled_rotation_is_the_eager_one():
+    """`rotate_pairs` traced (its whole-row form) gives the eager values bit for bit (the same products
+    and sums) and the same gradients."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 5, 8, generator=g, dtype=F64, requires_grad=True)
+    angle = torch.randn(1, 2, 5, 4, generator=g, dtype=F64, requires_grad=True)
+    out = rotate_pairs(x, angle)
+    out_c = torch.compile(rotate_pairs, fullgraph=True, backend="aot_eager")(x, angle)
+    assert torch.equal(out_c, out)
+    w = torch.randn(out.shape, generator=g, dtype=F64)
+    grads = torch.autograd.grad((out * w).sum(), (x, angle))
+    grads_c = torch.autograd.grad((out_c * w).sum(), (x, angle))
+    for g_c, g_e in zip(grads_c, grads):
+        torch.testing.assert_close(g_c, g_e, rtol=1e-14, atol=1e-14)
 
 
 @pytest.mark.slow

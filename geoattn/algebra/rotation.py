@@ -29,6 +29,13 @@ def rotate_pairs(x: Tensor, angle: Tensor) -> Tensor:
             f"{tuple(x.shape)}"
         )
     cos, sin = torch.cos(angle).to(x.dtype), torch.sin(angle).to(x.dtype)
+    if torch.compiler.is_compiling():
+        # the same products and sums over whole rows, ``x ⊙ (c, c) + swap(x) ⊙ (−s, s)``: inductor
+        # vectorises this along D, but not the stack of strided halves below (scalar loops; the rt
+        # model's compiled step measured 38.7 → 36.9 ms at T = 64)
+        cos_d = torch.stack((cos, cos), dim=-1).flatten(-2)
+        sin_d = torch.stack((-sin, sin), dim=-1).flatten(-2)
+        return x * cos_d + x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2) * sin_d
     x0, x1 = x[..., 0::2], x[..., 1::2]
     return torch.stack((cos * x0 - sin * x1, sin * x0 + cos * x1), dim=-1).flatten(-2)
 
