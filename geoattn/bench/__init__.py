@@ -6,4 +6,5 @@ BENCHMARKS = {
     "rotor": "geoattn.bench.rotor",
     "lm": "geoattn.bench.lm",
     "molecule": "geoattn.bench.molecule",
+    "train": "geoattn.bench.train",
 }

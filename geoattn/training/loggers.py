@@ -65,7 +65,7 @@ def scalar_tag(key: str) -> str:
         return named[key]
     if key == "lr":
         return "optim/lr"
-    if key.endswith("_per_s"):
+    if key.endswith("_per_s") or key == "step_s":
         return f"throughput/{key}"
     if key.startswith("val_"):
         return f"metrics/{key}"

@@ -398,6 +398,7 @@ class Trainer:
             "val_loss": None,
             "lr": lr,
             rate_key: n_targets / elapsed,
+            "step_s": elapsed,
         }
 
     def _eval_line(self, record: dict[str, Any]) -> str:

@@ -1,0 +1,39 @@
+"""`geoattn bench train`: whole `geoattn train` runs in turn, timed from their own records."""
+
+from __future__ import annotations
+
+from conftest import tiny_lm_args
+
+from geoattn.cli import main
+
+
+def test_whole_runs_of_each_model_get_a_row_and_a_ratio(tmp_path, capsys):
+    train = tiny_lm_args(max_iters=3, eval_interval=3)[4:]  # without --task lm --model transformer
+    out = tmp_path / "bench"
+    argv = ["bench", "train", "--models", "transformer", "rt", "--repeats", "2", "--out", str(out)]
+    assert main([*argv, "--", *train, "--compile", "false"]) == 0
+    printed = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in printed.splitlines()[3:]}
+    assert set(rows) == {"transformer", "rt"}
+    assert float(rows["transformer"][1]) == 1.0 and float(rows["rt"][1]) > 0
+    assert len(rows["rt"][2].split()) == 2 and len(rows["rt"][5].split()) == 2  # a ratio and a loss per run
+    low, median, high = (float(x) for x in rows["rt"][0].split(" / "))  # wall (0.0 s: tiny runs)
+    assert 0 <= low <= median <= high
+    assert float(rows["rt"][4]) > 0  # the median step, in ms
+    # warm: each model's cache was filled by an untimed run, and each timed run kept its directory
+    assert (out / "cache" / "rt").is_dir() and (out / "prime_rt" / "summary.json").is_file()
+    assert (out / "rt_1" / "metrics.jsonl").is_file()
+
+
+def test_a_used_out_folder_is_refused(tmp_path, capsys):
+    (tmp_path / "mine.txt").write_text("keep")
+    assert main(["bench", "train", "--out", str(tmp_path)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert (tmp_path / "mine.txt").read_text() == "keep"
+
+
+def test_a_failing_run_is_one_line(tmp_path, capsys):
+    argv = ["bench", "train", "--models", "nosuchmodel", "--repeats", "1", "--out", str(tmp_path / "b")]
+    assert main([*argv, "--", *tiny_lm_args(max_iters=1, eval_interval=1)[4:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nosuchmodel" in err[0]
