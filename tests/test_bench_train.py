@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from conftest import tiny_lm_args
 
+import geoattn.bench.train as bench_train
 from geoattn.cli import main
 
 
@@ -20,9 +21,25 @@ def test_whole_runs_of_each_model_get_a_row_and_a_ratio(tmp_path, capsys):
     low, median, high = (float(x) for x in rows["rt"][0].split(" / "))  # wall (0.0 s: tiny runs)
     assert 0 <= low <= median <= high
     assert float(rows["rt"][4]) > 0  # the median step, in ms
-    # warm: each model's cache was filled by an untimed run, and each timed run kept its directory
-    assert (out / "cache" / "rt").is_dir() and (out / "prime_rt" / "summary.json").is_file()
-    assert (out / "rt_1" / "metrics.jsonl").is_file()
+    # each timed run kept its directory; with --compile false nothing is compiled, so nothing primed
+    assert (out / "rt_1" / "metrics.jsonl").is_file() and not (out / "prime_rt").exists()
+
+
+def test_warm_runs_are_primed_by_a_compiled_run(tmp_path, monkeypatch):
+    """``--cache warm`` fills each model's compile cache with an untimed run that compiles (a short
+    run compiles only when told), then times runs on that cache."""
+    calls = []
+
+    def fake_train(argv, cache):
+        calls.append((argv, cache))
+        return 1  # stop after the first call
+
+    monkeypatch.setattr(bench_train, "_train", fake_train)
+    train = tiny_lm_args(max_iters=3, eval_interval=3)[4:]
+    assert main(["bench", "train", "--models", "rt", "--out", str(tmp_path / "b"), "--", *train]) == 2
+    argv, cache = calls[0]
+    assert argv[argv.index("--out") + 1].endswith("prime_rt") and cache.name == "rt"
+    assert argv[-2:] == ["--compile", "true"]
 
 
 def test_a_used_out_folder_is_refused(tmp_path, capsys):

@@ -29,6 +29,7 @@ CACHES = ("warm", "cold")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's flags; arguments after ``--`` go to every `geoattn train` run."""
     parser.add_argument("--task", default="lm", help="the task whose recipe every run trains")
     parser.add_argument("--models", nargs="+", default=["transformer", "rt"], help="models, in turn")
     parser.add_argument("--repeats", type=int, default=2, help="runs per model")
@@ -38,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train each model ``--repeats`` times in turn and print the table; 2 (one line) on bad input or
+    a failed run, whose log it names."""
     extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     if args.repeats < 1:
         print(f"error: --repeats must be at least 1, got {args.repeats}", file=sys.stderr)
@@ -48,9 +51,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     base = ["train", "--task", args.task, *extra]
-    if args.cache == "warm":
-        for model in args.models:  # untimed: compiles the same graphs into this model's cache
+    # untimed: compiles the same graphs into each model's cache (a 3-step run compiles only if told)
+    compile_flag = extra[extra.index("--compile") + 1] if "--compile" in extra[:-1] else None
+    if args.cache == "warm" and compile_flag != "false":
+        for model in args.models:
             prime = [*base, "--model", model, "--max-iters", "3", "--out", str(out / f"prime_{model}")]
+            prime += ["--compile", "true"] if compile_flag is None else []
             if _train(prime, out / "cache" / model) != 0:
                 return _failed(model, out / f"prime_{model}.log")
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in args.models}
