@@ -57,8 +57,12 @@ def flush_small(x: Tensor, signed: bool = False) -> Tensor:
     added to terms of order one, such values change no sum at any precision; but they and their
     products would be subnormal numbers, on which each multiplication costs many times more. Without
     this the kernels' speed would depend on the data: on how spread the logits are (the key
-    magnitudes) and, for decaying precisions, on how far back the keys lie."""
-    return torch.where((x.abs() if signed else x) < torch.finfo(x.dtype).tiny ** 0.75, 0.0, x)
+    magnitudes) and, for decaying precisions, on how far back the keys lie.
+
+    One pass each (``threshold``, ``hardshrink``) instead of a comparison and a select: eager kernels
+    call this on every score tile. (A value exactly at ``tiny^¾`` is set to 0 too.)"""
+    tiny = torch.finfo(x.dtype).tiny ** 0.75
+    return F.hardshrink(x, tiny) if signed else F.threshold(x, tiny, 0.0)
 
 
 def default_blocks(batch_heads: int, n: int) -> tuple[int, int]:
