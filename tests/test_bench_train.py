@@ -14,6 +14,8 @@ def test_whole_runs_of_each_model_get_a_row_and_a_ratio(tmp_path, capsys):
     argv = ["bench", "train", "--models", "transformer", "rt", "--repeats", "2", "--out", str(out)]
     assert main([*argv, "--", *train, "--compile", "false"]) == 0
     printed = capsys.readouterr().out
+    title = printed.splitlines()[0]
+    assert "--block-size 16" in title and " -- " not in title  # the runs' own arguments, as given
     rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in printed.splitlines()[3:]}
     assert set(rows) == {"transformer", "rt"}
     assert float(rows["transformer"][1]) == 1.0 and float(rows["rt"][1]) > 0

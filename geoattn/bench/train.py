@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             if _train([*base, "--model", model, "--out", str(out / name)], cache) != 0:
                 return _failed(model, out / f"{name}.log")
             runs[model].append(_measure(out / name))
-    print(_table(runs, args, out))
+    print(_table(runs, args, extra, out))
     return 0
 
 
@@ -96,7 +96,7 @@ def _measure(run_dir: Path) -> dict[str, float]:
     return {"wall": summary["wall_s"], "first": steps[0], "step": statistics.median(steps), "metric": metric}
 
 
-def _table(runs: dict[str, list[dict[str, float]]], args: argparse.Namespace, out: Path) -> str:
+def _table(runs: dict[str, list[dict]], args: argparse.Namespace, extra: list[str], out: Path) -> str:
     peer = "transformer" if "transformer" in runs else next(iter(runs))
     peer_wall = statistics.median(r["wall"] for r in runs[peer])
     rows = []
@@ -110,11 +110,11 @@ def _table(runs: dict[str, list[dict[str, float]]], args: argparse.Namespace, ou
                 " ".join(f"{w / p['wall']:.2f}" for w, p in zip(walls, runs[peer])),
                 f"{statistics.median(r['first'] for r in measured):.1f}",
                 f"{1000 * statistics.median(r['step'] for r in measured):.1f}",
-                " ".join(f"{r['metric']:.4f}" for r in measured),
+                " ".join("n/a" if r["metric"] is None else f"{r['metric']:.4f}" for r in measured),
             ]
         )
     title = (
-        f"whole runs: geoattn train --task {args.task} {' '.join(args.train_args[1:])}".rstrip()
+        f"whole runs: geoattn train --task {args.task} {' '.join(extra)}".rstrip()
         + f", {args.cache} compile cache, {args.repeats} run(s) per model in turn, runs in {out}"
     )
     headers = ["model", "wall s min / med / max", f"× {peer}", "per run", "first step s", "step ms", "final"]
