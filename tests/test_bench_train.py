@@ -12,7 +12,7 @@ def test_whole_runs_of_each_model_get_a_row_and_a_ratio(tmp_path, capsys):
     train = tiny_lm_args(max_iters=3, eval_interval=3)[4:]  # without --task lm --model transformer
     out = tmp_path / "bench"
     argv = ["bench", "train", "--models", "transformer", "rt", "--repeats", "2", "--out", str(out)]
-    assert main([*argv, "--", *train, "--compile", "false"]) == 0
+    assert main([*argv, "--", *train, "--compile=false"]) == 0
     printed = capsys.readouterr().out
     title = printed.splitlines()[0]
     assert "--block-size 16" in title and " -- " not in title  # the runs' own arguments, as given

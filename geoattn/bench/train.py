@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     base = ["train", "--task", args.task, *extra]
     # untimed: compiles the same graphs into each model's cache (a 3-step run compiles only if told)
-    compile_flag = extra[extra.index("--compile") + 1] if "--compile" in extra[:-1] else None
+    compile_flag = _flag_value(extra, "--compile")
     if args.cache == "warm" and compile_flag != "false":
         for model in args.models:
             prime = [*base, "--model", model, "--max-iters", "3", "--out", str(out / f"prime_{model}")]
@@ -69,6 +69,17 @@ def run(args: argparse.Namespace) -> int:
             runs[model].append(_measure(out / name))
     print(_table(runs, args, extra, out))
     return 0
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    """The last value given to ``flag`` in ``argv`` (``--flag value`` or ``--flag=value``), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 def _train(argv: list[str], cache: Path) -> int:

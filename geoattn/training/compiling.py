@@ -21,7 +21,6 @@ class CompiledModel:
     """
 
     def __init__(self, module: nn.Module) -> None:
-        self.module = module
         self.compiled = torch.compile(module)
 
     def __call__(self, *args, **kwargs):
