@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from geoattn.subnormals import subnormals_flushed
+
 ScoreFn = Callable[[Tensor, Tensor, tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...]], Tensor]
 """``score_fn(dot, dt, query_scalars, key_scalars, params) -> logits`` on one tile:
 
@@ -60,7 +62,11 @@ def flush_small(x: Tensor, signed: bool = False) -> Tensor:
     magnitudes) and, for decaying precisions, on how far back the keys lie.
 
     One pass each (``threshold``, ``hardshrink``) instead of a comparison and a select: eager kernels
-    call this on every score tile. (A value exactly at ``tiny^¾`` is set to 0 too.)"""
+    call this on every score tile. (A value exactly at ``tiny^¾`` is set to 0 too.) Where the CPU
+    flushes subnormals itself (`geoattn.subnormals`, the default) this returns ``x`` on the CPU: the
+    products that would be subnormal are zero anyway, at no cost."""
+    if x.device.type == "cpu" and subnormals_flushed():
+        return x
     tiny = torch.finfo(x.dtype).tiny ** 0.75
     return F.hardshrink(x, tiny) if signed else F.threshold(x, tiny, 0.0)
 

@@ -1,0 +1,60 @@
+"""Subnormal floats: flushed process-wide on import (in PyTorch's worker threads too), or kept on request."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import geoattn.subnormals as subnormals
+from geoattn.attention import rt_attention
+
+# Multiplies a large tensor of subnormal numbers by one, on every worker thread: the result is all
+# zeros only if each thread flushes (a thread that keeps them returns the inputs).
+_PROBE = """
+import torch, geoattn
+torch.set_num_threads(2)
+x = torch.full((1 << 22,), 1e-39)
+y = x * 1.0
+print(int((y == 0).sum()), y.numel(), geoattn.subnormals.subnormals_flushed())
+"""
+
+
+@pytest.mark.parametrize("keep", [None, "1"])
+def test_import_flushes_subnormals_in_every_thread_unless_kept(keep):
+    env = {k: v for k, v in os.environ.items() if k != subnormals.KEEP_ENV}
+    if keep is not None:
+        env[subnormals.KEEP_ENV] = keep
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, check=True)
+    zeros, total, flushed = out.stdout.split()
+    if keep is None:
+        assert (int(zeros), flushed) == (int(total), "True")
+    else:
+        assert (int(zeros), flushed) == (0, "False")
+
+
+@pytest.mark.parametrize("structure", ["separable", "tied", "general"])
+def test_kernels_are_exact_whether_or_not_subnormals_are_flushed(structure, monkeypatch):
+    # Sharp attention (large key magnitudes): many weights are far below float32's normal range.
+    # Flushed (the default), the SDPA paths run PyTorch's own backward and flush_small does
+    # nothing; kept, they use the blockwise backward and flush_small zeroes the tiny values.
+    torch.manual_seed(0)
+    b, h, n, d = 1, 2, 300, 8
+    q, v = torch.randn(b, h, n, d), torch.randn(b, h, n, d)
+    k = torch.randn(b, h, n, d) * 10  # κ up to ~800: logits spread far beyond float32's e^-87
+    mu_r = torch.full((h,), 0.01)
+    sigma_t2 = {"separable": torch.zeros(h), "tied": 2 * mu_r, "general": torch.full((h,), 0.05)}[structure]
+    params = dict(mu_r=mu_r, sigma_t2=sigma_t2, eta_t2=torch.ones(h), beta=torch.ones(h), structure=structure)
+    inputs = [x.double().requires_grad_() for x in (q, k, v)]
+    as_double = {name: p.double() for name, p in params.items() if name != "structure"}
+    expected = rt_attention(*inputs, backend="reference", **as_double)
+    expected_grads = torch.autograd.grad(expected.sum(), inputs)
+    for flushed in (True, False):
+        monkeypatch.setattr(subnormals, "_flushed", flushed)
+        inputs32 = [x.detach().float().requires_grad_() for x in inputs]
+        out = rt_attention(*inputs32, **params)
+        grads = torch.autograd.grad(out.sum(), inputs32)
+        torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-4, msg=f"flushed={flushed}")
+        for g, e in zip(grads, expected_grads):
+            torch.testing.assert_close(g.double(), e, rtol=1e-3, atol=1e-3, msg=f"flushed={flushed}")
