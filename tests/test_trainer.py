@@ -277,3 +277,26 @@ def test_a_resumed_run_reports_the_wall_time_of_all_its_segments(task, tmp_path)
     resumed = Trainer(tiny(out, max_iters=8, eval_interval=2), task, out, verbose=False)
     resumed.resume()
     assert resumed.train()["wall_s"] > saved
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_deterministic_algorithms_hold_while_training_and_are_restored(
+    task, tmp_path, monkeypatch, deterministic
+):
+    # Compiled rt runs are reproducible across processes only with deterministic algorithms (a
+    # fused scatter-add otherwise uses atomic adds): the trainer turns them on for its steps, as
+    # asked, and gives the process its own setting back.
+    seen = []
+    step = Trainer._step
+
+    def spy(self):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return step(self)
+
+    monkeypatch.setattr(Trainer, "_step", spy)
+    before = torch.are_deterministic_algorithms_enabled()
+    config = tiny(tmp_path, max_iters=3, eval_interval=3, deterministic=deterministic)
+    Trainer(config, task, tmp_path, verbose=False).train()
+    assert seen == [deterministic] * 3
+    assert torch.are_deterministic_algorithms_enabled() == before
+    assert TrainConfig().deterministic  # on by default

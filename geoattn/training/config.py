@@ -104,6 +104,12 @@ class TrainConfig:
     seed: int = _opt(1337, "seed for initialisation and data")
     device: str = _opt("cpu", "cpu | cuda")
     dtype: str = _opt("float32", "float32 | bfloat16 (autocast; bf16 keeps fp32's range: no loss scaling)")
+    deterministic: bool = _opt(
+        True,
+        "deterministic algorithms while training (torch.use_deterministic_algorithms, warn-only): "
+        "a seed gives the same run in every process; without it compiled rt runs drift apart (a "
+        "fused scatter-add with atomic adds); measured at no cost in step time",
+    )
     compile: bool | None = _opt(
         None,
         "torch.compile the model for training (exact: same maths, fused kernels); default: on in runs "

@@ -308,6 +308,7 @@ class Trainer:
         )
         self._segment_start = time.perf_counter()
         interrupted = False
+        deterministic = _DeterministicAlgorithms(config.deterministic)
         try:
             while self.iter < config.max_iters:
                 rng_before = self._rng_state()
@@ -340,6 +341,7 @@ class Trainer:
                     interrupted = True
                     break
         finally:
+            deterministic.restore()
             bar.close()
             if loggers is not None:
                 loggers.close()
@@ -403,3 +405,18 @@ class Trainer:
 
     def _eval_line(self, record: dict[str, Any]) -> str:
         return summary_line(record, self.config.max_iters)
+
+
+class _DeterministicAlgorithms:
+    """``torch.use_deterministic_algorithms(enabled, warn_only=True)`` until `restore` puts back the
+    process's previous setting (it is global state, and a caller may train several models)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.previous = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+        torch.use_deterministic_algorithms(enabled, warn_only=True)
+
+    def restore(self) -> None:
+        torch.use_deterministic_algorithms(self.previous[0], warn_only=self.previous[1])
