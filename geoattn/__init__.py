@@ -14,8 +14,3 @@ Layers by abstraction, imports pointing down:
 """
 
 __version__ = "0.1.0"
-
-# Before anything starts PyTorch's worker threads, so that they inherit it (see the module).
-from geoattn.subnormals import flush_unless_kept  # noqa: E402
-
-flush_unless_kept()

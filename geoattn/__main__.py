@@ -1,6 +1,6 @@
 """`python -m geoattn ...` (and `torchrun -m geoattn train ...`)."""
 
-from geoattn.cli import main
+from geoattn.cli import console
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    console()

@@ -13,6 +13,7 @@ from pathlib import Path
 from geoattn.bench import BENCHMARKS
 from geoattn.errors import ConfigError, UserError
 from geoattn.formatting import format_table
+from geoattn.subnormals import flush_unless_kept
 
 
 class UsageError(ConfigError):
@@ -422,5 +423,13 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The ``geoattn`` program (``python -m geoattn`` too): `main` with subnormal floats flushed in
+    every thread (`geoattn.subnormals`; set before any torch work starts the worker threads).
+    In-process callers (tests, notebooks) call `main` and keep their own floating-point mode."""
+    flush_unless_kept()
     raise SystemExit(main())
+
+
+if __name__ == "__main__":
+    console()

@@ -9,10 +9,13 @@ change no sum at float32 precision, so flushing them keeps every kernel exact to
 makes its cost independent of the data.
 
 The mode is a per-thread register that new threads inherit from the thread that creates them, so
-it reaches PyTorch's worker threads only when set before the first parallel operation starts
-them. ``import geoattn`` therefore sets it (as TensorFlow's CPU runtime flushes by default);
-``GEOATTN_KEEP_SUBNORMALS=1`` in the environment keeps IEEE subnormals, and the kernels then flush
-their own intermediates (`geoattn.attention.blockwise.flush_small`) and use backward passes that do.
+it reaches PyTorch's worker threads only when set before the first parallel operation starts them.
+It is global state that other code in the process sees too (NumPy, property-testing libraries that
+generate subnormals), so the library leaves it alone: the ``geoattn`` command sets it first thing
+(``GEOATTN_KEEP_SUBNORMALS=1`` in the environment keeps IEEE subnormals), and a program that wants it
+calls `flush_subnormals` before its first torch operation. The kernels choose by `subnormals_flushed`:
+flushed, the separable and tied RT paths run PyTorch's own SDPA backward and `flush_small` does
+nothing; otherwise they flush their own intermediates and use a backward that does.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ _flushed = False
 def flush_subnormals() -> bool:
     """Flush subnormal floats to zero in this thread and the threads it creates from now on.
 
-    Returns whether the CPU supports it. Call it before the first parallel torch operation (as
-    ``import geoattn`` does) so that PyTorch's worker threads inherit it.
+    Returns whether the CPU supports it. Call it before the first parallel torch operation (as the
+    ``geoattn`` command does) so that PyTorch's worker threads inherit it.
     """
     global _flushed
     _flushed = torch.set_flush_denormal(True)
@@ -38,11 +41,11 @@ def flush_subnormals() -> bool:
 
 
 def subnormals_flushed() -> bool:
-    """Whether geoattn flushed subnormals at import (a static fact the kernels choose paths by)."""
+    """Whether `flush_subnormals` ran in this process (a static fact the kernels choose paths by)."""
     return _flushed
 
 
 def flush_unless_kept() -> None:
-    """What ``import geoattn`` does: `flush_subnormals` unless ``GEOATTN_KEEP_SUBNORMALS=1``."""
+    """What the ``geoattn`` command does first: `flush_subnormals` unless ``GEOATTN_KEEP_SUBNORMALS=1``."""
     if os.environ.get(KEEP_ENV, "").strip().lower() not in ("1", "true", "yes"):
         flush_subnormals()

@@ -538,6 +538,6 @@ def test_bench_entry_point_tiny(capsys):
     out = capsys.readouterr().out
     assert code == 0
     for text in ("forward+backward", "| rotation | 8", "| compose  | 8", "auto/SDPA",
-                 "reference/auto", "auto min / med / max", "threads=1"):  # fmt: skip
+                 "reference/auto", "auto min / med / max", "1 threads"):  # fmt: skip
         assert text in out
     assert cli_main(["bench", "rotor", "--sizes", "0"]) == 2  # a ValueError, reported as a usage error

@@ -1,4 +1,4 @@
-"""Subnormal floats: flushed process-wide on import (in PyTorch's worker threads too), or kept on request."""
+"""Subnormal floats: flushed by the geoattn program in every thread, kept by the library and on request."""
 
 import os
 import subprocess
@@ -10,28 +10,47 @@ import torch
 import geoattn.subnormals as subnormals
 from geoattn.attention import rt_attention
 
-# Multiplies a large tensor of subnormal numbers by one, on every worker thread: the result is all
-# zeros only if each thread flushes (a thread that keeps them returns the inputs).
+# Multiplies a large tensor of subnormal numbers by one on every worker thread: the result is all
+# zeros only if each thread flushes (a thread that keeps them returns the inputs). {setup} runs first.
 _PROBE = """
-import torch, geoattn
+import torch
+{setup}
 torch.set_num_threads(2)
-x = torch.full((1 << 22,), 1e-39)
-y = x * 1.0
+y = torch.full((1 << 22,), 1e-39) * 1.0
 print(int((y == 0).sum()), y.numel(), geoattn.subnormals.subnormals_flushed())
 """
+# The geoattn program, its work replaced by the probe.
+_CONSOLE = """
+import geoattn.cli, geoattn.subnormals
+geoattn.cli.main = lambda argv=None: 0
+try:
+    geoattn.cli.console()
+except SystemExit:
+    pass
+"""
+_LIBRARY = "import geoattn.attention, geoattn.subnormals"
 
 
-@pytest.mark.parametrize("keep", [None, "1"])
-def test_import_flushes_subnormals_in_every_thread_unless_kept(keep):
+def _probe(setup: str, keep: str | None) -> tuple[int, int, str]:
     env = {k: v for k, v in os.environ.items() if k != subnormals.KEEP_ENV}
     if keep is not None:
         env[subnormals.KEEP_ENV] = keep
-    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, check=True)
+    code = _PROBE.format(setup=setup)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     zeros, total, flushed = out.stdout.split()
-    if keep is None:
-        assert (int(zeros), flushed) == (int(total), "True")
-    else:
-        assert (int(zeros), flushed) == (0, "False")
+    return int(zeros), int(total), flushed
+
+
+def test_the_program_flushes_subnormals_in_every_thread():
+    zeros, total, flushed = _probe(_CONSOLE, keep=None)
+    assert (zeros, flushed) == (total, "True")
+
+
+@pytest.mark.parametrize(("setup", "keep"), [(_CONSOLE, "1"), (_LIBRARY, None)])
+def test_subnormals_are_kept_on_request_and_by_the_library(setup, keep):
+    # the library alone leaves the process's floating-point mode as it found it
+    zeros, _, flushed = _probe(setup, keep)
+    assert (zeros, flushed) == (0, "False")
 
 
 @pytest.mark.parametrize("structure", ["separable", "tied", "general"])

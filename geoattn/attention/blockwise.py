@@ -63,8 +63,8 @@ def flush_small(x: Tensor, signed: bool = False) -> Tensor:
 
     One pass each (``threshold``, ``hardshrink``) instead of a comparison and a select: eager kernels
     call this on every score tile. (A value exactly at ``tiny^¾`` is set to 0 too.) Where the CPU
-    flushes subnormals itself (`geoattn.subnormals`, the default) this returns ``x`` on the CPU: the
-    products that would be subnormal are zero anyway, at no cost."""
+    flushes subnormals itself (`geoattn.subnormals`: the ``geoattn`` program sets it) this returns
+    ``x`` on the CPU: the products that would be subnormal are zero anyway, at no cost."""
     if x.device.type == "cpu" and subnormals_flushed():
         return x
     tiny = torch.finfo(x.dtype).tiny ** 0.75

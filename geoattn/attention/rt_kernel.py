@@ -42,7 +42,8 @@ per-call costs dominate and one tile costs less than the alternatives' set-up.
 
 With the default times (``positions=None``) every ``|Δt_ij|`` is an integer lag, and the dense and
 blockwise paths take ``log c`` from one ``(H, N)`` table over the lags instead of evaluating it per
-pair. On the CPU the SDPA paths use SDPA's forward and a blockwise backward (`_softmax_attention_op`).
+pair. On the CPU the SDPA paths use SDPA's forward and a blockwise backward (`_softmax_attention_op`),
+or SDPA's own backward where subnormal floats are flushed (`geoattn.subnormals`).
 
 The cost does not depend on the data: weights, precisions and their products below ``tiny^¾`` are
 set to zero (`geoattn.attention.blockwise.flush_small`; they change no sum, but as subnormal numbers
@@ -648,11 +649,11 @@ def _sdpa(qx: Tensor, kx: Tensor, vx: Tensor, d: int, causal: bool, use_compile:
 
 
 # SDPA's forward with a backward that does not slow down on sharp attention, for processes that keep
-# subnormals (GEOATTN_KEEP_SUBNORMALS=1; by default the CPU flushes them and SDPA's own backward
-# runs): PyTorch's CPU SDPA backward recomputes exp(s − lse), and for logits spread over more than
-# ~87 (large key magnitudes, as the folded precisions make them) many of those are subnormal;
-# measured here, a logit scale of 30 made SDPA's fwd+bwd 11× slower. The blockwise backward flushes
-# them instead.
+# subnormal floats (where `geoattn.subnormals.flush_subnormals` ran, as in the geoattn program,
+# SDPA's own backward runs instead): PyTorch's CPU SDPA backward recomputes exp(s − lse), and for
+# logits spread over more than ~87 (large key magnitudes, as the folded precisions make them) many
+# of those are subnormal; measured here, a logit scale of 30 made SDPA's fwd+bwd 11× slower. The
+# blockwise backward flushes them instead.
 @torch.library.custom_op("geoattn::softmax_attention", mutates_args=())
 def _softmax_attention_op(
     q: Tensor, k: Tensor, v: Tensor, causal: bool, use_compile: bool

@@ -28,7 +28,15 @@ import torch.nn.functional as F
 
 from geoattn.algebra.rotation import rope_frequencies
 from geoattn.attention.rt_kernel import rt_attention
-from geoattn.bench.common import CLOCKS, interleaved_times, memory_note, ms, peak_memory_bytes, spread
+from geoattn.bench.common import (
+    CLOCKS,
+    interleaved_times,
+    memory_note,
+    ms,
+    peak_memory_bytes,
+    spread,
+    threads_note,
+)
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
 
@@ -98,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"attention kernels, B = 1, H = {args.heads}, D = {args.head_dim}, causal, float32, "
         f"{args.device}, {args.repeats} calls each round-robin ({args.clock} clock), "
-        f"{torch.get_num_threads()} threads"
+        f"{threads_note()}"
     )
     print("keys (|k|, and κ = |k|²/η_t² with η_t² = 1): " + "; ".join(stats))
     print(memory_note(device))

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from geoattn.subnormals import subnormals_flushed
+
 
 def median_time(fn: Callable[[], object], *, repeats: int = 10, warmup: int = 2) -> float:
     """Median wall time of ``fn()`` in seconds (CUDA-synchronised when a GPU is in use)."""
@@ -147,3 +149,9 @@ def _cpu_peak_rss_growth(fn: Callable[[], object]) -> int:
 
 def ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def threads_note() -> str:
+    """``"2 threads, subnormals flushed"``: the CPU settings a timing depends on (`geoattn.subnormals`)."""
+    mode = "subnormals flushed" if subnormals_flushed() else "subnormals kept"
+    return f"{torch.get_num_threads()} threads, {mode}"

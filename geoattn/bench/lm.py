@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from geoattn.bench.common import CLOCKS, interleaved_times, spread
+from geoattn.bench.common import CLOCKS, interleaved_times, spread, threads_note
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
 from geoattn.models.base import ModelSizes
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"training step (forward, backward, clip, AdamW, renormalise): batch {args.batch}, "
         f"{args.n_layer} layers × {args.n_head} heads × {args.n_embd}, float32, cpu, "
-        f"{torch.get_num_threads()} threads, {args.repeats} steps each, round-robin, {args.clock} clock"
+        f"{threads_note()}, {args.repeats} steps each, round-robin, {args.clock} clock"
     )
     headers = ["T", "model", "compile", "first s", "min ms", "median ms", "max ms", "× transformer"]
     profiles = []

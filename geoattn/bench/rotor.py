@@ -28,6 +28,7 @@ from geoattn.bench.common import (
     ms,
     peak_memory_bytes,
     spread,
+    threads_note,
 )
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     H, C = args.heads, args.channels
     print(
         f"rotor attention, Cl(3), B=1, H={H}, C={C} (width C·8 = {8 * C}), float32, {device}, torch "
-        f"{torch.__version__}, threads={torch.get_num_threads()}, {args.clock} clock; SDPA and auto timed "
+        f"{torch.__version__}, {threads_note()}, {args.clock} clock; SDPA and auto timed "
         f"round-robin, {args.repeats} calls each: min / median / max in ms, ratio of medians; peak memory "
         "growth of one call in MiB"
     )
