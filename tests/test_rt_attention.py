@@ -455,6 +455,26 @@ def test_bench_attention_entry_point(capsys):
     assert "--head-dim must be even" in capsys.readouterr().err
 
 
+def test_bench_attention_compiles_every_fast_kernel_when_asked(capsys, monkeypatch):
+    # torch.compile itself is tested on these kernels in test_rt_compile.py; here, which rows the
+    # bench sends through it (a recorder standing in for the compiler, so this stays quick)
+    from geoattn.cli import main
+
+    wrapped = []
+
+    def record(fn, **kwargs):
+        wrapped.append(fn)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", record)
+    args = ["bench", "attention", "--sizes", "16", "--heads", "2", "--head-dim", "8", "--repeats", "1"]
+    assert main([*args, "--compile", "on"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu, rt compiled, 1 calls each" in out
+    assert len(wrapped) == 5  # the five rt rows; SDPA and the reference stay eager
+    assert main(args) == 0 and "compiled" not in capsys.readouterr().out
+
+
 def test_far_lags_stay_finite_and_exact():
     """A fast-decaying head over a long sequence: ``c(Δt)`` grows past e^{80} (float32 overflows near
     e^{88}). The fast paths take log c in log space there: in float64 they still equal the reference,

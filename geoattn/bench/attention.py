@@ -14,6 +14,9 @@ paths with unscaled Gaussian keys, to show whether a path's cost depends on the 
 All kernels of one N are timed round-robin (one call of each in turn, `interleaved_times`), and the
 table reports min / median / max over ``--repeats`` calls and ratios of medians against SDPA from
 the same run. Peak memory is the growth of the process during one forward+backward.
+``--compile on`` times the rt fast paths through ``torch.compile``, as a compiled model runs them (at
+small N the eager calls' fixed costs dominate); SDPA, one fused operator already, stays eager, so the
+ratios include the compiled wrapper's own fixed cost.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from geoattn.algebra.rotation import rope_frequencies
 from geoattn.attention.rt_kernel import rt_attention
 from geoattn.bench.common import (
     CLOCKS,
+    allow_recompiles,
     interleaved_times,
     memory_note,
     ms,
@@ -56,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[0.5, 2.5],
         metavar=("LOW", "HIGH"),
         help="each key is a Gaussian vector times a factor uniform in [LOW, HIGH] (trained-model-like)",
+    )
+    parser.add_argument(
+        "--compile",
+        choices=["off", "on"],
+        default="off",
+        help="on: the rt fast paths through torch.compile, as in a compiled model (SDPA and the "
+        "reference stay eager); the first, untimed call compiles",
     )
     parser.add_argument("--clock", choices=list(CLOCKS), default="wall", help="wall time or process CPU time")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -105,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         stats.append(f"N = {n}: {key_stats}")
     print(
         f"attention kernels, B = 1, H = {args.heads}, D = {args.head_dim}, causal, float32, "
-        f"{args.device}, {args.repeats} calls each round-robin ({args.clock} clock), "
+        f"{args.device}, {'rt compiled, ' if args.compile == 'on' else ''}{args.repeats} calls each "
+        f"round-robin ({args.clock} clock), "
         f"{threads_note()}"
     )
     print("keys (|k|, and κ = |k|²/η_t² with η_t² = 1): " + "; ".join(stats))
@@ -168,6 +180,12 @@ def _measure_size(n: int, args: argparse.Namespace, device: torch.device) -> tup
             Kernel("rt reference", "trained", None, skipped=f"skipped: ~{reference_bytes / 2**30:.0f} GB")
         )
 
+    if args.compile == "on":  # the rt fast paths; the peer is already one fused op (compiling it
+        # only adds the compiled wrapper's fixed cost, 2.5× its time at N = 64), the oracle is no fast path
+        allow_recompiles(4 * len(kernels))  # the rt rows share one code object
+        for kernel in kernels:
+            if kernel.fn is not None and kernel.name not in ("SDPA (peer)", "rt reference"):
+                kernel.fn = torch.compile(kernel.fn)
     forward, forward_backward = {}, {}
     for i, kernel in enumerate(kernels):
         if kernel.fn is None:

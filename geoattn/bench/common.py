@@ -155,3 +155,11 @@ def threads_note() -> str:
     """``"2 threads, subnormals flushed"``: the CPU settings a timing depends on (`geoattn.subnormals`)."""
     mode = "subnormals flushed" if subnormals_flushed() else "subnormals kept"
     return f"{torch.get_num_threads()} threads, {mode}"
+
+
+def allow_recompiles(graphs: int) -> None:
+    """Let dynamo keep ``graphs`` compiled graphs per code object (benchmark variants share code:
+    blocks, attention kernels) rather than fall back to eager after its default limit of 8."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), graphs))

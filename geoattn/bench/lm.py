@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from geoattn.bench.common import CLOCKS, interleaved_times, spread, threads_note
+from geoattn.bench.common import CLOCKS, allow_recompiles, interleaved_times, spread, threads_note
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
 from geoattn.models.base import ModelSizes
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
     rows = variants(args.models, args.ablations, args.compile)
-    _allow_recompiles(len(rows))
+    allow_recompiles(4 * len(rows))  # graphs per variant: forward, backward, per T
     print(
         f"training step (forward, backward, clip, AdamW, renormalise): batch {args.batch}, "
         f"{args.n_layer} layers × {args.n_head} heads × {args.n_embd}, float32, cpu, "
@@ -199,14 +199,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _on(v: Variant) -> str:
     return "yes" if v.compiled else "no"
-
-
-def _allow_recompiles(n: int) -> None:
-    """Each variant is one more graph for the shared code objects (blocks, attention): let dynamo keep
-    them all rather than fall back to eager after its default limit of 8."""
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), 4 * n))
 
 
 def _profile(v: Variant, args: argparse.Namespace, t: int, steps: int = 3, top: int = 12) -> str:
