@@ -19,7 +19,7 @@ from geoattn.tasks.lm import LMTask
 from geoattn.training import run_dir
 from geoattn.training.config import TrainConfig
 from geoattn.training.run_dir import RunDirectory
-from geoattn.training.trainer import Trainer, scheduled_lr
+from geoattn.training.trainer import Trainer, make_optimizer, scheduled_lr
 
 
 @pytest.fixture(scope="module")
@@ -300,3 +300,30 @@ def test_deterministic_algorithms_hold_while_training_and_are_restored(
     assert seen == [deterministic] * 3
     assert torch.are_deterministic_algorithms_enabled() == before
     assert TrainConfig().deterministic  # on by default
+
+
+@pytest.mark.parametrize("model", ["transformer", "rt"])
+def test_the_fused_optimizer_updates_as_plain_adamw(task, tmp_path, model):
+    # make_optimizer fuses AdamW's per-tensor operations into one kernel: the same update as the
+    # unfused reference implementation, step for step, on every parameter group
+    config = tiny(tmp_path, model=model)
+    torch.manual_seed(0)
+    fused_model = task.build_model(model, config)
+    plain_model = task.build_model(model, config)
+    plain_model.load_state_dict(fused_model.state_dict())
+    fused = make_optimizer(fused_model, config)
+    plain = torch.optim.AdamW(
+        plain_model.optim_groups(config.weight_decay),
+        lr=config.lr,
+        betas=(config.beta1, config.beta2),
+        foreach=False,
+    )
+    assert fused.defaults["fused"] and not plain.defaults["fused"]
+    x, y = task.get_batch("train", 8, torch.Generator().manual_seed(0), torch.device("cpu"))
+    for _ in range(3):
+        for m, opt in ((fused_model, fused), (plain_model, plain)):
+            m(x, y)[1].backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for (name, a), b in zip(fused_model.named_parameters(), plain_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)

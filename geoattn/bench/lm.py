@@ -34,6 +34,7 @@ from geoattn.models.rotor_lm import RotorLM, RotorLMConfig
 from geoattn.tasks.lm.task import LMTask
 from geoattn.training.compiling import CompiledModel
 from geoattn.training.config import TrainConfig
+from geoattn.training.trainer import make_optimizer
 
 # The RT model's switches (SPEC §1.3.4), each measured off.
 ABLATIONS = ("process_noise", "magnitude_precision", "qkv_norm", "tangent_correction")
@@ -116,9 +117,7 @@ def training_step(
         config = LMConfig.from_sizes(sizes, options, block_size=t)
         model = build_lm(variant.model, config)
     step_model = CompiledModel(model) if variant.compiled else model
-    optimizer = torch.optim.AdamW(
-        model.optim_groups(train.weight_decay), lr=train.lr, betas=(train.beta1, train.beta2)
-    )
+    optimizer = make_optimizer(model, train)
     g = torch.Generator().manual_seed(args.seed)
     x, y = (torch.randint(0, config.vocab_size, (args.batch, t), generator=g) for _ in range(2))
 

@@ -160,11 +160,7 @@ class Trainer:
         self.step_model = self.ddp or self.model
         if self.compiled(config, task):
             self.step_model = CompiledModel(self.step_model)
-        self.optimizer = torch.optim.AdamW(
-            self.model.optim_groups(config.weight_decay),
-            lr=config.lr,
-            betas=(config.beta1, config.beta2),
-        )
+        self.optimizer = make_optimizer(self.model, config)
         # a group may ask for a multiple of the scheduled learning rate (e.g. scale parameters)
         self._lr_scale = [g["lr"] / config.lr for g in self.optimizer.param_groups]
         self.data_generator = torch.Generator().manual_seed(config.seed)
@@ -405,6 +401,18 @@ class Trainer:
 
     def _eval_line(self, record: dict[str, Any]) -> str:
         return summary_line(record, self.config.max_iters)
+
+
+def make_optimizer(model: TaskModel, config: TrainConfig) -> torch.optim.AdamW:
+    """The trainer's AdamW over ``model.optim_groups``, fused: one pass over every parameter tensor per
+    step instead of a dozen operations per tensor (the same update; the hypersphere models have twice
+    the transformer's parameter tensors, so the per-tensor cost weighed more on them)."""
+    return torch.optim.AdamW(
+        model.optim_groups(config.weight_decay),
+        lr=config.lr,
+        betas=(config.beta1, config.beta2),
+        fused=True,
+    )
 
 
 class _DeterministicAlgorithms:
