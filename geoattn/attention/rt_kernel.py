@@ -45,10 +45,13 @@ blockwise paths take ``log c`` from one ``(H, N)`` table over the lags instead o
 pair. On the CPU the SDPA paths use SDPA's forward and a blockwise backward (`_softmax_attention_op`),
 or SDPA's own backward where subnormal floats are flushed (`geoattn.subnormals`).
 
-The cost does not depend on the data: weights, precisions and their products below ``tiny^¾`` are
-set to zero (`geoattn.attention.blockwise.flush_small`; they change no sum, but as subnormal numbers
-each multiplication would cost many times more, and how many there are depends on the key
-magnitudes), and ``log c`` is taken in log space where ``c`` would overflow (`log_noise_variance`).
+The cost does not depend on the data: weights, precisions and their products that would be subnormal
+become zero (they change no sum, but as subnormal numbers each multiplication would cost many times
+more, and how many there are depends on the key magnitudes), by the CPU itself where
+`geoattn.subnormals.flush_subnormals` ran (the ``geoattn`` program) and otherwise by
+`geoattn.attention.blockwise.flush_small` (below ``tiny^¾``); the SDPA paths' backward is SDPA's own
+in the first case and the blockwise one in the second. ``log c`` is taken in log space where ``c``
+would overflow (`log_noise_variance`).
 
 The separable and tied paths are exact only on their parameter manifold: a declared structure whose
 parameters need gradients off it (``sigma_t2`` for separable; ``mu_r, sigma_t2, eta_t2`` for tied)
