@@ -56,8 +56,9 @@ def test_subnormals_are_kept_on_request_and_by_the_library(setup, keep):
 @pytest.mark.parametrize("structure", ["separable", "tied", "general"])
 def test_kernels_are_exact_whether_or_not_subnormals_are_flushed(structure, monkeypatch):
     # Sharp attention (large key magnitudes): many weights are far below float32's normal range.
-    # Flushed (the default), the SDPA paths run PyTorch's own backward and flush_small does
-    # nothing; kept, they use the blockwise backward and flush_small zeroes the tiny values.
+    # Flushed (as in the geoattn program), the SDPA paths run PyTorch's own backward and
+    # flush_small does nothing; kept (the library's default), they use the blockwise backward and
+    # flush_small zeroes the tiny values.
     torch.manual_seed(0)
     b, h, n, d = 1, 2, 300, 8
     q, v = torch.randn(b, h, n, d), torch.randn(b, h, n, d)
