@@ -13,7 +13,7 @@ from geoattn.algebra.rotation import rope_frequencies, rotate_pairs
 from geoattn.attention.rt_kernel import rt_attention
 from geoattn.layers.rt_block import RTBlock
 from geoattn.models.lm import LMConfig, build_lm
-from geoattn.training.compiling import CompiledModel
+from geoattn.training.compiling import CompiledModel, weight_normalizer
 
 F64 = torch.float64
 
@@ -113,6 +113,7 @@ def test_compiled_rt_model_trains_like_the_eager_model():
         torch.manual_seed(0)
         model = build_lm("rt", config)
         step_model = CompiledModel(model) if compiled else model
+        normalize_weights = weight_normalizer(model, compiled)
         optimizer = torch.optim.AdamW(model.optim_groups(0.0), lr=1e-2)
         losses[compiled] = []
         for x, y in batches:
@@ -120,12 +121,37 @@ def test_compiled_rt_model_trains_like_the_eager_model():
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            model.normalize_weights()
+            normalize_weights()
             losses[compiled].append(loss.item())
     torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=1e-4, atol=1e-4)
     cache = counters["aot_autograd"]
     assert cache["autograd_cache_bypass"] == 0, dict(cache)
     assert cache["autograd_cache_miss"] + cache["autograd_cache_hit"] >= 1, dict(cache)
+
+
+@pytest.mark.parametrize("model", ["rt", "ngpt", "transformer"])
+def test_the_compiled_weight_normalizer_is_the_eager_one(model):
+    """`weight_normalizer(model, True)`: the renormalisation as one compiled graph, each model with
+    its own (so the models of one process do not share a recompile limit), the same unit rows and
+    columns as ``model.normalize_weights``."""
+    config = LMConfig(block_size=16, n_layer=2, n_head=2, n_embd=32)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(build_lm(model, config))
+    with torch.no_grad():  # off the sphere, and differently per matrix
+        for a, b in zip(*(m.parameters() for m in models)):
+            scale = torch.rand(a.shape, generator=torch.Generator().manual_seed(a.numel())) + 0.5
+            a.mul_(scale), b.mul_(scale)
+    counters.clear()
+    compiled, eager = weight_normalizer(models[0], True), weight_normalizer(models[1], False)
+    compiled(), eager()
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=name)
+    if model != "transformer":  # a pre-norm model has nothing to renormalise, nothing to compile
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+        norms = models[0].wte.weight.norm(dim=1)
+        torch.testing.assert_close(norms, torch.ones_like(norms))
 
 
 @pytest.mark.parametrize("causal", [True, False])

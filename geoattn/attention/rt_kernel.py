@@ -521,8 +521,8 @@ def _log_noise_table(times, mu_r, sigma_t2, eta_t2, causal, n):
     `_noise_lags`); gradients reach the three parameters through it.
     """
     if times is None:
-        lag = torch.arange(n, device=mu_r.device)
-        log_c = _noise_lags(n, mu_r, sigma_t2, eta_t2)[:, (lag[:, None] - lag[None]).abs()][None]
+        lags = _noise_lags(n, mu_r, sigma_t2, eta_t2)  # (H, N)
+        log_c = (lags @ _lag_spread(n, mu_r.device, mu_r.dtype)).view(1, -1, n, n)
     else:
         t = _explicit(times, n, mu_r.device, mu_r.dtype)  # (B|1, N)
         dt = (t[:, None, :, None] - t[:, None, None, :]).abs()  # (B|1, 1, N, N)
@@ -530,6 +530,15 @@ def _log_noise_table(times, mu_r, sigma_t2, eta_t2, causal, n):
     if causal:
         log_c = log_c.masked_fill(torch.ones(n, n, dtype=torch.bool, device=log_c.device).triu(1), math.inf)
     return log_c
+
+
+def _lag_spread(n: int, device, dtype) -> Tensor:
+    """The one-hot ``(N, N·N)`` matrix with ``[ℓ, i·N + j] = 1`` where ``|i − j| = ℓ``: ``table @ it``
+    spreads an ``(H, N)`` table over the lags to ``(H, N·N)`` pairs, exactly (one term per sum), and
+    its backward, a matmul too, sums each lag's pairs (a gather's backward scatters instead, with
+    accumulation, several times slower on a CPU)."""
+    lag = torch.arange(n, device=device)
+    return ((lag[:, None] - lag[None]).abs().flatten() == lag[:, None]).to(dtype)
 
 
 def _dense_weights(dm1, log_m2, log_c, beta):

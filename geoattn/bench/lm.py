@@ -32,7 +32,7 @@ from geoattn.models.base import ModelSizes
 from geoattn.models.lm import LMConfig, build_lm
 from geoattn.models.rotor_lm import RotorLM, RotorLMConfig
 from geoattn.tasks.lm.task import LMTask
-from geoattn.training.compiling import CompiledModel
+from geoattn.training.compiling import CompiledModel, weight_normalizer
 from geoattn.training.config import TrainConfig
 from geoattn.training.trainer import make_optimizer
 
@@ -117,6 +117,7 @@ def training_step(
         config = LMConfig.from_sizes(sizes, options, block_size=t)
         model = build_lm(variant.model, config)
     step_model = CompiledModel(model) if variant.compiled else model
+    normalize_weights = weight_normalizer(model, variant.compiled)
     optimizer = make_optimizer(model, train)
     g = torch.Generator().manual_seed(args.seed)
     x, y = (torch.randint(0, config.vocab_size, (args.batch, t), generator=g) for _ in range(2))
@@ -135,7 +136,7 @@ def training_step(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         with phase("renormalise"):
-            model.normalize_weights()
+            normalize_weights()
 
     return step
 

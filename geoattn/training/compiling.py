@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -26,3 +29,23 @@ class CompiledModel:
     def __call__(self, *args, **kwargs):
         with torch._functorch.config.patch(autograd_cache_allow_custom_autograd_functions=True):
             return self.compiled(*args, **kwargs)
+
+
+
+def weight_normalizer(model: nn.Module, compiled: bool) -> Callable[[], None]:
+    """``model.normalize_weights`` (the hypersphere models' renormalisation after each optimiser step),
+    through ``torch.compile`` when ``compiled``: the rt model renormalises 17 matrices, three eager
+    operations each, and one compiled kernel replaces them (see `geoattn bench lm --profile`'s
+    ``renormalise`` phase). For the other models it does nothing either way.
+    """
+    if not compiled:
+        return model.normalize_weights
+
+    def normalize() -> None:
+        model.normalize_weights()
+
+    # a code object per model: dynamo keeps its graphs per code object, with a recompile limit that
+    # the models of one process (a benchmark's variants, a test session) would otherwise share
+    code = normalize.__code__.replace(co_name=f"normalize_weights_{id(model):x}")
+    own = types.FunctionType(code, normalize.__globals__, code.co_name, None, normalize.__closure__)
+    return torch.compile(own)

@@ -35,7 +35,7 @@ import geoattn
 from geoattn.errors import CheckpointError, ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.tasks.base import Task
-from geoattn.training.compiling import CompiledModel
+from geoattn.training.compiling import CompiledModel, weight_normalizer
 from geoattn.training.config import COMPILE_MIN_ITERS, TrainConfig
 from geoattn.training.distributed import DistEnv, all_reduce_mean, any_rank, barrier
 from geoattn.training.loggers import RunLoggers, check_available
@@ -158,8 +158,10 @@ class Trainer:
             self.ddp = DistributedDataParallel(self.model, device_ids=[self.device] if on_cuda else None)
         # what the training step calls: the model, its DDP wrapper, compiled if asked (same maths)
         self.step_model = self.ddp or self.model
-        if self.compiled(config, task):
+        compiled = self.compiled(config, task)
+        if compiled:
             self.step_model = CompiledModel(self.step_model)
+        self.normalize_weights = weight_normalizer(self.model, compiled)
         self.optimizer = make_optimizer(self.model, config)
         # a group may ask for a multiple of the scheduled learning rate (e.g. scale parameters)
         self._lr_scale = [g["lr"] / config.lr for g in self.optimizer.param_groups]
@@ -384,7 +386,7 @@ class Trainer:
         self._updating = True
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.model.normalize_weights()
+        self.normalize_weights()
         self.iter += 1
         self._updating = False
         train_loss = float(all_reduce_mean(loss.detach().float(), self.env))
