@@ -111,19 +111,27 @@ def _grads(out, inputs, seed=1):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("regime", [*REGIMES, "tied-far", "general-blockwise", "separable-dense"])
+@pytest.mark.parametrize(
+    "regime", [*REGIMES, "tied-chunked", "tied-far", "general-blockwise", "separable-dense"]
+)
 @pytest.mark.parametrize(("dtype", "tol"), [(F64, 1e-10), (torch.float32, 2e-4)])
 def test_auto_matches_reference_values_and_gradients(regime, causal, dtype, tol, monkeypatch):
-    # Small tiles, so that several query blocks and key chunks run. The tied family runs on SDPA
-    # while 2 μ_r (t_last − t_first) stays under its bound (here about 2 · 0.4 · 18 < 20), and on the
-    # general kernel beyond it ("tied-far": the bound lowered to 2).
+    # Small tiles, so that several query blocks and key chunks run. The tied family runs on SDPA,
+    # in one query chunk while 2 μ_r (t_last − t_first) stays under its bound (here about
+    # 2 · 0.4 · 18 < 20), in chunk-relative time beyond it ("tied-chunked": the bound lowered to 2,
+    # chunks of a few tokens) and on the general kernel where that takes too many chunks
+    # ("tied-far": the same bound, chunks of at least _TIED_MIN_CHUNK tokens asked for).
     monkeypatch.setattr(blockwise, "_MAX_BLOCK_K", 8)
     monkeypatch.setattr(blockwise, "_TILE_ELEMENTS", 6 * 8 * 8)
     monkeypatch.setattr(blockwise, "_MIN_BLOCK_Q", 8)
-    far = regime == "tied-far"
-    regime = "tied" if far else regime
-    if far:
+    far, chunked = regime == "tied-far", regime == "tied-chunked"
+    regime = "tied" if far or chunked else regime
+    if far or chunked:
         monkeypatch.setattr(rt, "_TIED_MAX_EXPONENT", 2.0)
+    if chunked:
+        monkeypatch.setattr(rt, "_TIED_MIN_CHUNK", 1)
+        chunks = rt._tied_chunks(_inputs(dtype=dtype)[4], 2 * 0.4)
+        assert chunks is not None and len(chunks) > 3, chunks  # several chunks do run
     if regime == "general-blockwise":  # too long for the dense tile: the blockwise kernel
         regime = "general"
         monkeypatch.setattr(rt, "DENSE_MAX_N", 16)

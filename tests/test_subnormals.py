@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+import geoattn.attention.rt_kernel as rt_kernel
 import geoattn.subnormals as subnormals
 from geoattn.attention import rt_attention
 
@@ -53,12 +54,16 @@ def test_subnormals_are_kept_on_request_and_by_the_library(setup, keep):
     assert (zeros, flushed) == (0, "False")
 
 
-@pytest.mark.parametrize("structure", ["separable", "tied", "general"])
+@pytest.mark.parametrize("structure", ["separable", "tied", "tied-chunked", "general"])
 def test_kernels_are_exact_whether_or_not_subnormals_are_flushed(structure, monkeypatch):
     # Sharp attention (large key magnitudes): many weights are far below float32's normal range.
     # Flushed (as in the geoattn program), the SDPA paths run PyTorch's own backward and
     # flush_small does nothing; kept (the library's default), they use the blockwise backward and
-    # flush_small zeroes the tiny values.
+    # flush_small zeroes the tiny values. "tied-chunked": the tied path in three query chunks.
+    if structure == "tied-chunked":
+        structure = "tied"
+        monkeypatch.setattr(rt_kernel, "_TIED_MAX_EXPONENT", 2.0)
+        monkeypatch.setattr(rt_kernel, "_TIED_MIN_CHUNK", 1)
     torch.manual_seed(0)
     b, h, n, d = 1, 2, 300, 8
     q, v = torch.randn(b, h, n, d), torch.randn(b, h, n, d)

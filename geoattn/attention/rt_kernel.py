@@ -26,10 +26,13 @@ shapes and the device; it never reads a tensor's values, so it runs under
   (query side 1), ``scale = 1``;
 * ``structure="tied"`` (``σ_t² = 2 μ_r η_t²``, causal, non-decreasing times): ``c = η_t² e^{2 μ_r Δt}``,
   so ``κ_ij = s_i a_j`` with ``s_i = e^{−2μ_r (t_i − t₀)}`` and ``a_j = m_j² e^{2μ_r (t_j − t₀)}/η_t²``;
-  SDPA again (``t₀``: the first time; ``log s_i`` is constant per query and cancels), while
-  ``2 μ_r (t_last − t₀) ≤ 20`` keeps the folded scalings and their products normal numbers; longer
-  or faster-decaying sequences take the general kernel. That choice reads ``μ_r`` and the times,
-  so this one path reads values (and breaks a compiled graph);
+  SDPA again (``log s_i`` is constant per query and cancels). ``e^{±2 μ_r t}`` leaves float range
+  over long sequences, so time runs from ``t₀``, the first time of each query chunk: chunks span
+  ``2 μ_r Δt ≤ 20`` (the folded scalings and their products stay normal numbers), each attends to
+  its own keys causally and to the earlier ones in full, and the two SDPA calls merge by their
+  log-sum-exps. Sequences that would need many short chunks (a fast decay) take the general
+  kernel. The chunks come from ``μ_r`` and the times, so this one path reads values (and breaks a
+  compiled graph);
 * ``structure="general"`` (the default): FlexAttention with a ``score_mod`` on CUDA and, elsewhere,
   the blockwise flash-style kernel of `geoattn.attention.blockwise` (O(N) memory), registered as a
   custom operator so that a compiled graph calls it whole.
@@ -97,12 +100,15 @@ STRUCTURES = ("general", "separable", "tied")
 DENSE_MAX_N = 128
 DENSE_MAX_ELEMENTS = 1 << 24
 
-# The tied family runs on SDPA while 2 μ_r (t_last − t_first) ≤ this, so that its folded scalings
-# s_i = e^{−2 μ_r (t_i − t₀)} ≥ e^{−20} and a_j keep the products of the GEMMs (forward and
-# backward) normal numbers; beyond, the general kernel is exact and faster (measured at N = 2048 and
-# 4096, μ_r = 0.02: query chunks of e^{±60} made those products subnormal, each many times slower,
-# 10.8× SDPA at N = 4096; chunks of e^{±20} still 1.6× the general kernel).
+# The tied family runs on SDPA in query chunks (chunk-relative time, SPEC §1.5) that span at most
+# this in 2 μ_r Δt, so that their folded scalings s_i = e^{−2 μ_r (t_i − t₀)} ≥ e^{−20} and a_j keep
+# the products of the GEMMs (forward and backward) normal numbers; keys long before a chunk have
+# a_j below e^{_TIED_NEGLIGIBLE} and fold to 0 (`_fold_tied`). A sequence that needs more than one
+# chunk per _TIED_MIN_CHUNK tokens (a fast decay) takes the general kernel: many small SDPA calls
+# cost more than it.
 _TIED_MAX_EXPONENT = 20.0
+_TIED_NEGLIGIBLE = -40.0
+_TIED_MIN_CHUNK = 128
 
 
 @outside_autocast
@@ -627,26 +633,61 @@ def _fold_separable(qh, kh, vh, log_m2, mu_r, eta_t2, beta):
 
 
 def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
-    t = _explicit(times, qh.shape[-2], qh.device, qh.dtype)  # (B|1, N)
+    n = qh.shape[-2]
+    t = _explicit(times, n, qh.device, qh.dtype)  # (B|1, N)
     two_mu = (2 * mu_r).view(1, -1, 1)  # (1, H, 1)
-    if float(two_mu.max()) * float((t[:, -1] - t[:, 0]).max()) > _TIED_MAX_EXPONENT:
+    starts = _tied_chunks(t, float(two_mu.max()))
+    if starts is None:  # many short chunks: the general kernel costs less
         general = _PATHS["flex" if qh.device.type == "cuda" else "blockwise"]
         return general(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile)
-    rel = t[:, None] - t[:, None, :1]  # (B|1, 1, N), times from the first
-    folded = _FOLD_TIED(use_compile, qh, kh, vh, log_m2, rel, two_mu, eta_t2, beta)
-    return _sdpa(*folded, qh.shape[-1], causal, use_compile)
+    outs = []
+    for c0, c1 in zip(starts, [*starts[1:], n]):
+        rel = t[:, None, :c1] - t[:, None, c0 : c0 + 1]  # (B|1, 1, c1): times from the chunk's first query
+        q_c = qh[..., c0:c1, :]
+        folded = _FOLD_TIED(
+            use_compile, q_c, kh[..., :c1, :], vh[..., :c1, :], log_m2[..., :c1], rel, two_mu, eta_t2, beta
+        )
+        outs.append(_sdpa(*folded, qh.shape[-1], causal, use_compile))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
+def _tied_chunks(t: Tensor, two_mu: float) -> list[int] | None:
+    """Starts of the query chunks of the tied path: each spans at most ``_TIED_MAX_EXPONENT`` in
+    ``2 μ_r Δt`` (every sequence of the batch, times ``t (B|1, N)`` non-decreasing), or None when
+    that needs more than one chunk per ``_TIED_MIN_CHUNK`` tokens. Reads the times (a host copy)."""
+    n = t.shape[-1]
+    if two_mu * float((t[:, -1] - t[:, 0]).max()) <= _TIED_MAX_EXPONENT:
+        return [0]
+    t = t.detach().cpu()
+    starts = [0]
+    while True:
+        start = starts[-1]
+        reach = t[:, start : start + 1] + _TIED_MAX_EXPONENT / two_mu  # (B|1, 1)
+        end = max(start + 1, int(torch.searchsorted(t, reach, right=True).min()))
+        if end >= n:
+            return starts
+        starts.append(end)
+        if len(starts) > max(1, n // _TIED_MIN_CHUNK):
+            return None
 
 
 def _fold_tied(qh, kh, vh, log_m2, rel, two_mu, eta_t2, beta):
-    """Folded SDPA inputs for σ_t² = 2 μ_r η_t²: ``κ_ij = s_i a_j`` and
+    """Folded SDPA inputs for σ_t² = 2 μ_r η_t², for the queries of one chunk (the last ``nq`` of the
+    keys) and every key up to its end: ``κ_ij = s_i a_j`` and
     ``[β s_i q̂_i, −β s_i, 1] · [a_j k̂_j, a_j, log a_j] = logit_ij − log s_i``.
 
-    ``qh, kh, vh (B, H, N, D)``, ``log_m2 (B, H, N)``, times from the first ``rel (B|1, 1, N)``,
-    ``two_mu (1, H, 1)``. Returns ``(B, H, N, D + 2)`` tensors.
+    ``qh (B, H, nq, D)``, ``kh, vh (B, H, Nk, D)``, ``log_m2 (B, H, Nk)``, key times from the chunk's
+    first query ``rel (B|1, 1, Nk)`` (so ``s_i ≥ e^{−20}`` and ``a_j ≤ e^{20} m²/η²`` in the chunk),
+    ``two_mu (1, H, 1)``. Returns ``(B, H, nq, D + 2)`` queries and ``(B, H, Nk, D + 2)`` keys and
+    values. Keys with ``a_j < e^{−40}`` (``_TIED_NEGLIGIBLE``; long before the chunk) get 0 in the
+    product coordinates: their term ``β s_i a_j (⟨q̂, k̂⟩ − 1)`` is below ``2 β e^{−40}``, under the
+    rounding of their logit (``log a_j`` stays exact), and as subnormal numbers they would slow the
+    matmuls many times.
     """
-    bs = (beta.view(1, -1, 1, 1) * torch.exp(-two_mu * rel)[..., None]).expand_as(qh[..., :1])  # β s_i
-    log_a = log_m2 - torch.log(eta_t2).view(1, -1, 1) + two_mu * rel  # (B, H, N)
-    a = torch.exp(log_a)[..., None]
+    bs = beta.view(1, -1, 1, 1) * torch.exp(-two_mu * rel[..., -qh.shape[-2] :])[..., None]
+    bs = bs.expand_as(qh[..., :1])  # β s_i
+    log_a = log_m2 - torch.log(eta_t2).view(1, -1, 1) + two_mu * rel  # (B, H, Nk)
+    a = torch.where(log_a < _TIED_NEGLIGIBLE, 0.0, torch.exp(log_a))[..., None]
     qx = torch.cat((bs * qh, -bs, torch.ones_like(bs)), dim=-1)
     kx = torch.cat((a * kh, a, log_a[..., None]), dim=-1)
     return qx, kx, F.pad(vh, (0, 2))
@@ -654,10 +695,68 @@ def _fold_tied(qh, kh, vh, log_m2, rel, two_mu, eta_t2, beta):
 
 def _sdpa(qx: Tensor, kx: Tensor, vx: Tensor, d: int, causal: bool, use_compile: bool) -> Tensor:
     """Softmax attention with ``scale=1`` on folded queries/keys of width D + 2 and values zero-padded
-    to the same width (SDPA's fused CPU kernels need equal widths), cropped back to ``(…, D)``."""
+    to the same width (SDPA's fused CPU kernels need equal widths), cropped back to ``(…, D)``.
+    Causal with fewer queries than keys: the queries are the last positions (a chunk of the tied path)."""
+    if causal and qx.shape[-2] < kx.shape[-2]:
+        return _chunk_attention(qx, kx, vx, use_compile)[..., :d]
     if qx.device.type == "cpu" and not subnormals_flushed():
         return torch.ops.geoattn.softmax_attention(qx, kx, vx, causal, use_compile)[0][..., :d]
     return F.scaled_dot_product_attention(qx, kx, vx, is_causal=causal, scale=1.0)[..., :d]
+
+
+def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, use_compile: bool) -> Tensor:
+    """Causal softmax attention (``scale=1``) of the queries at positions ``[c0, c0 + nq)`` on the keys
+    ``[0, c0 + nq)``: ``q (B, H, nq, D)``, ``k, v (B, H, c0 + nq, D)``. SDPA aligns its causal mask
+    at the first key; on the CPU the past keys and the chunk's own run as two fused calls merged by
+    their log-sum-exps (`_ChunkAttention`), elsewhere as one call with a ``(nq, c0 + nq)`` mask."""
+    if q.device.type == "cpu":
+        return _ChunkAttention.apply(q, k, v, use_compile)
+    c0 = k.shape[-2] - q.shape[-2]
+    keys = torch.arange(k.shape[-2], device=q.device)
+    mask = keys[None] <= torch.arange(c0, k.shape[-2], device=q.device)[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+
+
+class _ChunkAttention(torch.autograd.Function):
+    """`_chunk_attention` on the CPU: ``o = e^{l₁ − l} o₁ + e^{l₂ − l} o₂`` with ``(o₁, l₁)`` SDPA's
+    output and log-sum-exp over the past keys (no mask), ``(o₂, l₂)`` over the chunk (causal) and
+    ``l = logaddexp(l₁, l₂)``. Backward: each part's softmax backward with the merged ``o`` and ``l``
+    is that part's share of the whole softmax's (``P = e^{s − l}``, ``δ = rowsum(dO ⊙ o)``), so the
+    gradients are the parts' (summed for q), by SDPA's own backward where subnormal floats are
+    flushed and the blockwise one otherwise (as in `_sdpa`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, use_compile):
+        c0 = k.shape[-2] - q.shape[-2]
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        o1, l1 = flash(q, k[..., :c0, :], v[..., :c0, :], 0.0, False, scale=1.0)
+        o2, l2 = flash(q, k[..., c0:, :], v[..., c0:, :], 0.0, True, scale=1.0)
+        lse = torch.logaddexp(l1, l2)  # (B, H, nq)
+        out = o1 * torch.exp(l1 - lse)[..., None] + o2 * torch.exp(l2 - lse)[..., None]
+        ctx.use_compile = use_compile
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        c0 = k.shape[-2] - q.shape[-2]
+        grad_out = grad_out.contiguous()
+        past, own = (
+            _softmax_backward(
+                q, k[..., part, :], v[..., part, :], out, lse, grad_out, causal, ctx.use_compile
+            )
+            for part, causal in ((slice(None, c0), False), (slice(c0, None), True))
+        )
+        return past[0] + own[0], torch.cat((past[1], own[1]), -2), torch.cat((past[2], own[2]), -2), None
+
+
+def _softmax_backward(q, k, v, out, lse, grad_out, causal, use_compile) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of ``softmax(q kᵀ) v`` (CPU, scale 1) from its output and log-sum-exp."""
+    if subnormals_flushed():
+        back = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        return back(grad_out, q, k, v, out, lse, 0.0, causal, scale=1.0)
+    return torch.ops.geoattn.softmax_attention_backward(q, k, v, out, lse, grad_out, causal, use_compile)
 
 
 # SDPA's forward with a backward that does not slow down on sharp attention, for processes that keep
@@ -693,7 +792,7 @@ def _softmax_attention_backward_op(
     use_compile: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     b, h, nq, _ = q.shape
-    times = q.new_zeros(1, k.shape[-2])  # the plain score does not use them
+    times = q.new_zeros(1, max(nq, k.shape[-2]))  # the plain score does not use them
     dq, dk, dv, *_ = blockwise_backward(
         _dot_score,
         causal,
