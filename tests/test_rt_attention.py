@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import geoattn.attention.blockwise as blockwise
 import geoattn.attention.rt_kernel as rt
 from geoattn.algebra.rotation import rope_frequencies
-from geoattn.attention.rt_kernel import rt_attention
+from geoattn.attention.rt_kernel import rt_attention, rt_attention_qkv
 
 F64 = torch.float64
 REGIMES = ("separable", "tied", "general")
@@ -432,9 +432,18 @@ def test_compiled_kernels_match_reference(monkeypatch):
         torch.testing.assert_close(out, ref, rtol=2e-4, atol=2e-4)
         for g, g_ref in zip(_grads(out, leaves), _grads(ref, leaves)):
             torch.testing.assert_close(g, g_ref, rtol=2e-4, atol=2e-4)
+    # the normalisation, compiled too: with a metric (its gradient) and raw values
+    metric = (0.5 + torch.rand(q.shape[1], q.shape[-1])).requires_grad_()
+    qkv = torch.stack([x.detach().transpose(1, 2) for x in (q, k, v)], dim=2).requires_grad_()
+    kwargs = dict(**params, omega=omega, positions=positions, metric=metric, key_scale=0.7)
+    out = rt_attention_qkv(qkv, backend="dense", normalize_values=False, **kwargs)
+    ref = rt_attention_qkv(qkv, backend="reference", normalize_values=False, **kwargs)
+    torch.testing.assert_close(out, ref, rtol=2e-4, atol=2e-4)
+    for g, g_ref in zip(_grads(out, [qkv, metric]), _grads(ref, [qkv, metric])):
+        torch.testing.assert_close(g, g_ref, rtol=2e-4, atol=2e-4)
     assert not blockwise.MaybeCompiled.broken
     compiled = (blockwise._FORWARD, rt._RT_TILE_BACKWARD, rt._DENSE_FORWARD, rt._DENSE_BACKWARD)
-    assert all(f.compiled is not None for f in compiled)
+    assert all(f.compiled is not None for f in (*compiled, rt._UNIT_FORWARD, rt._UNIT_BACKWARD))
 
 
 def test_bench_attention_entry_point(capsys):

@@ -233,7 +233,7 @@ def _attention(
         qh, kh, vh, log_m2 = _prepare_reference(qkv, metric, key_scale, angles, normalize)
         out, weights = _reference(qh, kh, vh, log_m2, times, *params, causal)
     else:
-        qh, kh, vh, log_m2 = _prepare(qkv, metric, key_scale, angles, normalize)
+        qh, kh, vh, log_m2 = _prepare(qkv, metric, key_scale, angles, normalize, use_compile)
         path = _choose_path(backend, structure, qkv.device, b * h, n, params, causal)
         args = (qh, kh, vh, log_m2, times, *params, causal, use_compile)
         try:
@@ -395,15 +395,16 @@ def _prepare_reference(qkv, metric, key_scale, angles, normalize_values):
     return (*units, log_m2)
 
 
-def _prepare(qkv, metric, key_scale, angles, normalize_values):
+def _prepare(qkv, metric, key_scale, angles, normalize_values, use_compile=False):
     """`_prepare_reference` with the normalisation and key magnitudes in one autograd node (a dozen
-    passes over ``(B, N, 3, H, D)`` instead of about thirty) and the rotation as one complex
-    multiplication that also writes the head-major layout the matmuls need. Compiled graphs trace
-    the plain operations and fuse them."""
+    passes over ``(B, N, 3, H, D)`` instead of about thirty, or with ``use_compile`` one compiled
+    kernel each way) and the rotation as one complex multiplication that also writes the head-major
+    layout the matmuls need (compiled, that layout change is slower: it stays eager). Compiled
+    graphs trace the plain operations and fuse them."""
     if torch.compiler.is_compiling():
         return _prepare_reference(qkv, metric, key_scale, angles, normalize_values)
     scale = None if metric is None else torch.stack((metric, metric, torch.ones_like(metric)))  # (3, H, D)
-    units, key_norm2 = _UnitQKV.apply(qkv, scale, key_scale is not None, normalize_values)
+    units, key_norm2 = _UnitQKV.apply(qkv, scale, key_scale is not None, normalize_values, use_compile)
     units = units.permute(2, 0, 3, 1, 4)  # (3, B, H, N, D) view
     if angles is not None:
         units = _rotate(units, -angles)
@@ -428,38 +429,56 @@ class _UnitQKV(torch.autograd.Function):
     are unless ``normalize_values``), and the raw squared key norms ``|k|² (B, N, H)``.
 
     ``scale (3, H, D)`` or None. Backward of ``u = y/|y|``: ``∂y = (∂u − ⟨∂u, u⟩ u)/|y|`` (no radial
-    part; none at all where ``|y|²`` sits at the clamp); of ``|k|²``: ``2 k``.
+    part; none at all where ``|y|²`` sits at the clamp); of ``|k|²``: ``2 k``. With ``use_compile``
+    both directions run as compiled kernels (`_unit_forward`, `_unit_backward`).
     """
 
     @staticmethod
-    def forward(ctx, qkv, scale, key_norms: bool, normalize_values: bool):
-        y = qkv if scale is None else qkv * scale
-        norm2 = torch.linalg.vecdot(y, y)  # (B, N, 3, H)
-        inv = torch.rsqrt(norm2.clamp_min(_EPS2))
-        radial = (norm2 > _EPS2).to(y.dtype)  # where the norm is a function of y (not the clamp)
-        if not normalize_values:
-            inv[:, :, 2], radial[:, :, 2] = 1.0, 0.0
-        units = y * inv[..., None]
-        k = qkv[:, :, 1]
-        key_norm2 = (norm2[:, :, 1] if scale is None else torch.linalg.vecdot(k, k)) if key_norms else None
+    def forward(ctx, qkv, scale, key_norms: bool, normalize_values: bool, use_compile: bool):
+        units, key_norm2, inv, radial = _UNIT_FORWARD(use_compile, qkv, scale, key_norms, normalize_values)
         # qkv itself is needed only with a metric (its gradient): otherwise k = u_k / inv_k is
         # recovered from what is saved anyway, and the (often freshly stacked) input can be freed
+        ctx.use_compile = use_compile
         ctx.save_for_backward(qkv if scale is not None else None, scale, inv, radial, units)
         return units, key_norm2
 
     @staticmethod
     def backward(ctx, grad_units, grad_key_norm2):
         qkv, scale, inv, radial, units = ctx.saved_tensors
-        along = torch.linalg.vecdot(grad_units, units) * radial  # (B, N, 3, H)
-        grad_y = (grad_units - along[..., None] * units).mul_(inv[..., None])
-        grad_qkv = grad_y if scale is None else grad_y * scale
-        grad_scale = None
-        if scale is not None and ctx.needs_input_grad[1]:
-            grad_scale = (grad_y * qkv).sum((0, 1))  # (3, H, D)
-        if grad_key_norm2 is not None:  # grad_qkv is a fresh tensor: accumulate in place
-            k = qkv[:, :, 1] if qkv is not None else units[:, :, 1] / inv[:, :, 1, :, None]
-            grad_qkv[:, :, 1] += 2 * grad_key_norm2[..., None] * k
-        return grad_qkv, grad_scale, None, None
+        want_scale = scale is not None and ctx.needs_input_grad[1]
+        grad_qkv, grad_scale = _UNIT_BACKWARD(
+            ctx.use_compile, grad_units, grad_key_norm2, qkv, scale, inv, radial, units, want_scale
+        )
+        return grad_qkv, grad_scale, None, None, None
+
+
+def _unit_forward(qkv, scale, key_norms: bool, normalize_values: bool):
+    """`_UnitQKV`'s forward: ``(units, |k|² or None, 1/|y| (B, N, 3, H), radial mask (B, N, 3, H))``."""
+    y = qkv if scale is None else qkv * scale
+    norm2 = torch.linalg.vecdot(y, y)  # (B, N, 3, H)
+    inv = torch.rsqrt(norm2.clamp_min(_EPS2))
+    radial = (norm2 > _EPS2).to(y.dtype)  # where the norm is a function of y (not the clamp)
+    if not normalize_values:
+        inv[:, :, 2], radial[:, :, 2] = 1.0, 0.0
+    units = y * inv[..., None]
+    k = qkv[:, :, 1]
+    key_norm2 = (norm2[:, :, 1] if scale is None else torch.linalg.vecdot(k, k)) if key_norms else None
+    return units, key_norm2, inv, radial
+
+
+def _unit_backward(grad_units, grad_key_norm2, qkv, scale, inv, radial, units, want_scale: bool):
+    """`_UnitQKV`'s backward: ``(∂qkv, ∂scale or None)``; ``qkv`` is None without a metric."""
+    along = torch.linalg.vecdot(grad_units, units) * radial  # (B, N, 3, H)
+    grad_y = (grad_units - along[..., None] * units).mul_(inv[..., None])
+    grad_qkv = grad_y if scale is None else grad_y * scale
+    grad_scale = (grad_y * qkv).sum((0, 1)) if want_scale else None  # (3, H, D)
+    if grad_key_norm2 is not None:  # grad_qkv is a fresh tensor: accumulate in place
+        k = qkv[:, :, 1] if qkv is not None else units[:, :, 1] / inv[:, :, 1, :, None]
+        grad_qkv[:, :, 1] += 2 * grad_key_norm2[..., None] * k
+    return grad_qkv, grad_scale
+
+
+_UNIT_FORWARD, _UNIT_BACKWARD = MaybeCompiled(_unit_forward), MaybeCompiled(_unit_backward)
 
 
 def _rotate(x: Tensor, angles: Tensor) -> Tensor:
