@@ -659,14 +659,13 @@ def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, 
     if starts is None:  # many short chunks: the general kernel costs less
         general = _PATHS["flex" if qh.device.type == "cuda" else "blockwise"]
         return general(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile)
+    vx = F.pad(vh, (0, 2))  # padded once: each chunk attends to a view of it
     outs = []
     for c0, c1 in zip(starts, [*starts[1:], n]):
         rel = t[:, None, :c1] - t[:, None, c0 : c0 + 1]  # (B|1, 1, c1): times from the chunk's first query
         q_c = qh[..., c0:c1, :]
-        folded = _FOLD_TIED(
-            use_compile, q_c, kh[..., :c1, :], vh[..., :c1, :], log_m2[..., :c1], rel, two_mu, eta_t2, beta
-        )
-        outs.append(_sdpa(*folded, qh.shape[-1], causal, use_compile))
+        qx, kx = _FOLD_TIED(use_compile, q_c, kh[..., :c1, :], log_m2[..., :c1], rel, two_mu, eta_t2, beta)
+        outs.append(_sdpa(qx, kx, vx[..., :c1, :], qh.shape[-1], causal, use_compile))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
 
 
@@ -690,18 +689,18 @@ def _tied_chunks(t: Tensor, two_mu: float) -> list[int] | None:
             return None
 
 
-def _fold_tied(qh, kh, vh, log_m2, rel, two_mu, eta_t2, beta):
+def _fold_tied(qh, kh, log_m2, rel, two_mu, eta_t2, beta):
     """Folded SDPA inputs for σ_t² = 2 μ_r η_t², for the queries of one chunk (the last ``nq`` of the
     keys) and every key up to its end: ``κ_ij = s_i a_j`` and
     ``[β s_i q̂_i, −β s_i, 1] · [a_j k̂_j, a_j, log a_j] = logit_ij − log s_i``.
 
-    ``qh (B, H, nq, D)``, ``kh, vh (B, H, Nk, D)``, ``log_m2 (B, H, Nk)``, key times from the chunk's
+    ``qh (B, H, nq, D)``, ``kh (B, H, Nk, D)``, ``log_m2 (B, H, Nk)``, key times from the chunk's
     first query ``rel (B|1, 1, Nk)`` (so ``s_i ≥ e^{−20}`` and ``a_j ≤ e^{20} m²/η²`` in the chunk),
-    ``two_mu (1, H, 1)``. Returns ``(B, H, nq, D + 2)`` queries and ``(B, H, Nk, D + 2)`` keys and
-    values. Keys with ``a_j < e^{−40}`` (``_TIED_NEGLIGIBLE``; long before the chunk) get 0 in the
-    product coordinates: their term ``β s_i a_j (⟨q̂, k̂⟩ − 1)`` is below ``2 β e^{−40}``, under the
-    rounding of their logit (``log a_j`` stays exact), and as subnormal numbers they would slow the
-    matmuls many times.
+    ``two_mu (1, H, 1)``. Returns ``(B, H, nq, D + 2)`` queries and ``(B, H, Nk, D + 2)`` keys (the
+    values are only zero-padded, once for every chunk). Keys with ``a_j < e^{−40}``
+    (``_TIED_NEGLIGIBLE``; long before the chunk) get 0 in the product coordinates: their term
+    ``β s_i a_j (⟨q̂, k̂⟩ − 1)`` is below ``2 β e^{−40}``, under the rounding of their logit
+    (``log a_j`` stays exact), and as subnormal numbers they would slow the matmuls many times.
     """
     bs = beta.view(1, -1, 1, 1) * torch.exp(-two_mu * rel[..., -qh.shape[-2] :])[..., None]
     bs = bs.expand_as(qh[..., :1])  # β s_i
@@ -709,7 +708,7 @@ def _fold_tied(qh, kh, vh, log_m2, rel, two_mu, eta_t2, beta):
     a = torch.where(log_a < _TIED_NEGLIGIBLE, 0.0, torch.exp(log_a))[..., None]
     qx = torch.cat((bs * qh, -bs, torch.ones_like(bs)), dim=-1)
     kx = torch.cat((a * kh, a, log_a[..., None]), dim=-1)
-    return qx, kx, F.pad(vh, (0, 2))
+    return qx, kx
 
 
 def _sdpa(qx: Tensor, kx: Tensor, vx: Tensor, d: int, causal: bool, use_compile: bool) -> Tensor:

@@ -31,7 +31,6 @@ class CompiledModel:
             return self.compiled(*args, **kwargs)
 
 
-
 def weight_normalizer(model: nn.Module, compiled: bool) -> Callable[[], None]:
     """``model.normalize_weights`` (the hypersphere models' renormalisation after each optimiser step),
     through ``torch.compile`` when ``compiled``: the rt model renormalises 17 matrices, three eager
