@@ -472,6 +472,21 @@ def test_bench_attention_entry_point(capsys):
     assert "--head-dim must be even" in capsys.readouterr().err
 
 
+def test_bench_attention_profiles_each_fast_path_when_asked(capsys):
+    from geoattn.cli import main
+
+    args = ["bench", "attention", "--sizes", "16", "--heads", "2", "--head-dim", "8", "--repeats", "1"]
+    assert main([*args, "--profile"]) == 0
+    blocks = capsys.readouterr().out.split("\n\n")[1:]  # after the timing table, one block per kernel
+    names = [block.splitlines()[0].split(", ")[1] for block in blocks]
+    assert names == ["SDPA (peer)", "rt σ_t²=0", "rt tied 2μη²", "rt general"]
+    for block in blocks:
+        ops = [line.split("|")[1:-1] for line in block.splitlines()[3:]]
+        assert ops and all(float(self_ms) >= 0 and int(calls) >= 1 for _, self_ms, calls in ops)
+    assert main(args) == 0
+    assert "profile:" not in capsys.readouterr().out  # off by default
+
+
 def test_bench_attention_compiles_every_fast_kernel_when_asked(capsys, monkeypatch):
     # torch.compile itself is tested on these kernels in test_rt_compile.py; here, which rows the
     # bench sends through it (a recorder standing in for the compiler, so this stays quick)

@@ -37,7 +37,9 @@ from geoattn.bench.common import (
     interleaved_times,
     memory_note,
     ms,
+    operator_table,
     peak_memory_bytes,
+    profile_events,
     spread,
     threads_note,
 )
@@ -71,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clock", choices=list(CLOCKS), default="wall", help="wall time or process CPU time")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: PyTorch's choice)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print a torch.profiler breakdown of one forward+backward per rt fast path, at each N",
+    )
 
 
 @dataclass
@@ -109,11 +116,12 @@ def run(args: argparse.Namespace) -> int:
         "fwd+bwd / SDPA",
         "peak MB",
     ]
-    rows, stats = [], []
+    rows, stats, profiles = [], [], []
     for n in args.sizes:
-        size_rows, key_stats = _measure_size(n, args, device)
+        size_rows, key_stats, size_profiles = _measure_size(n, args, device)
         rows += size_rows
         stats.append(f"N = {n}: {key_stats}")
+        profiles += size_profiles
     print(
         f"attention kernels, B = 1, H = {args.heads}, D = {args.head_dim}, causal, float32, "
         f"{args.device}, {'rt compiled, ' if args.compile == 'on' else ''}{args.repeats} calls each "
@@ -123,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
     print("keys (|k|, and κ = |k|²/η_t² with η_t² = 1): " + "; ".join(stats))
     print(memory_note(device))
     print(format_table(headers, rows))
+    for profile in profiles:
+        print("\n" + profile)
     return 0
 
 
@@ -205,6 +215,13 @@ def _measure_size(n: int, args: argparse.Namespace, device: torch.device) -> tup
     fwd_times = interleaved_times(forward, repeats=args.repeats, warmup=1, clock=args.clock)
     bwd_times = interleaved_times(forward_backward, repeats=args.repeats, warmup=1, clock=args.clock)
     base_fwd, base_bwd = statistics.median(fwd_times[0]), statistics.median(bwd_times[0])
+    profiles = []
+    if args.profile:  # the peer and the rt fast paths on trained-like keys
+        for i, kernel in enumerate(kernels):
+            if kernel.keys == "trained" and kernel.name != "rt reference" and kernel.fn is not None:
+                table = operator_table(profile_events(forward_backward[i]), 3, top=10)
+                head = f"profile: N = {n}, {kernel.name}, forward+backward (ms per call, profiler overhead"
+                profiles.append(f"{head} included)\n{table}")
     rows = []
     for i, kernel in enumerate(kernels):
         keys = "unit keys" if kernel.keys == "unit" else "trained-like"
@@ -225,4 +242,4 @@ def _measure_size(n: int, args: argparse.Namespace, device: torch.device) -> tup
                 f"{peak / 2**20:.0f}",
             ]
         )
-    return rows, _key_stats(trained)
+    return rows, _key_stats(trained), profiles

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from geoattn.formatting import format_table
 from geoattn.subnormals import subnormals_flushed
 
 
@@ -163,3 +164,19 @@ def allow_recompiles(graphs: int) -> None:
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), graphs))
+
+
+def profile_events(fn: Callable[[], object], calls: int = 3):
+    """torch.profiler's per-operator averages (CPU) over ``calls`` calls of ``fn``."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+    return prof.key_averages()
+
+
+def operator_table(events, calls: int, top: int = 12, exclude: tuple[str, ...] = ()) -> str:
+    """The ``top`` operators of `profile_events` by self time, in ms per call (profiler overhead
+    included), leaving out the labels in ``exclude`` (e.g. phases recorded around them)."""
+    ops = sorted((e for e in events if e.key not in exclude), key=lambda e: -e.self_cpu_time_total)[:top]
+    rows = [[e.key[:60], f"{e.self_cpu_time_total / calls / 1e3:.2f}", e.count // calls] for e in ops]
+    return format_table(["operator", "self ms", "calls"], rows)

@@ -25,7 +25,15 @@ from dataclasses import dataclass
 
 import torch
 
-from geoattn.bench.common import CLOCKS, allow_recompiles, interleaved_times, spread, threads_note
+from geoattn.bench.common import (
+    CLOCKS,
+    allow_recompiles,
+    interleaved_times,
+    operator_table,
+    profile_events,
+    spread,
+    threads_note,
+)
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
 from geoattn.models.base import ModelSizes
@@ -205,19 +213,12 @@ def _profile(v: Variant, args: argparse.Namespace, t: int, steps: int = 3, top: 
     step = training_step(v, args, t, labels=True)
     for _ in range(max(args.warmup, 1)):
         step()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            step()
-    events = prof.key_averages()
+    events = profile_events(step, steps)
     phases = {e.key: e.cpu_time_total / steps / 1e3 for e in events if e.key in _PHASES}
-    ops = sorted((e for e in events if e.key not in _PHASES), key=lambda e: -e.self_cpu_time_total)[:top]
     return "\n".join(
         [
             f"profile: T = {t}, {v.label}, compile {_on(v)} (ms per step, profiler overhead included)",
             "  " + ", ".join(f"{p} {phases.get(p, 0.0):.1f}" for p in _PHASES),
-            format_table(
-                ["operator", "self ms", "calls"],
-                [[e.key[:60], f"{e.self_cpu_time_total / steps / 1e3:.2f}", e.count // steps] for e in ops],
-            ),
+            operator_table(events, steps, top, exclude=_PHASES),
         ]
     )
