@@ -69,6 +69,29 @@ def test_rt_attention_compiles_as_one_graph(structure, dense_max_n, monkeypatch)
         torch.testing.assert_close(g_c, g, rtol=1e-12, atol=1e-12)
 
 
+def test_the_tied_path_compiles_around_its_chunking(monkeypatch):
+    """The tied path reads μ_r and the times to choose its query chunks: under torch.compile that
+    step runs outside the graph (a deliberate break), and the chunked result is the eager one."""
+    monkeypatch.setattr(rt, "DENSE_MAX_N", 8)
+    monkeypatch.setattr(rt, "_TIED_MAX_EXPONENT", 2.0)
+    monkeypatch.setattr(rt, "_TIED_MIN_CHUNK", 1)
+    qkv, params, omega = _kernel_inputs()
+    params["sigma_t2"] = 2 * params["mu_r"] * params["eta_t2"]
+    assert len(rt._tied_chunks(torch.arange(24.0)[None], 2 * params["mu_r"])) > 2
+
+    def attend(q, k, v):
+        return rt_attention(q, k, v, **params, omega=omega, structure="tied")
+
+    leaves = [x.clone().requires_grad_() for x in qkv]
+    out, out_c = attend(*leaves), torch.compile(attend, backend="aot_eager")(*leaves)
+    torch.testing.assert_close(out_c, out, rtol=1e-12, atol=1e-12)
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), leaves)
+    grads_c = torch.autograd.grad((out_c * weights).sum(), leaves)
+    for g, g_c in zip(grads, grads_c):
+        torch.testing.assert_close(g_c, g, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("process_noise", [True, False])
 def test_rt_block_compiles_as_one_graph(process_noise):
     torch.manual_seed(0)

@@ -655,7 +655,7 @@ def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, 
     n = qh.shape[-2]
     t = _explicit(times, n, qh.device, qh.dtype)  # (B|1, N)
     two_mu = (2 * mu_r).view(1, -1, 1)  # (1, H, 1)
-    starts = _tied_chunks(t, float(two_mu.max()))
+    starts = _tied_chunks(t, two_mu)
     if starts is None:  # many short chunks: the general kernel costs less
         general = _PATHS["flex" if qh.device.type == "cuda" else "blockwise"]
         return general(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile)
@@ -669,11 +669,14 @@ def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, 
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
 
 
-def _tied_chunks(t: Tensor, two_mu: float) -> list[int] | None:
+@torch.compiler.disable  # reads values: a compiled graph stops here on purpose (no item() warning)
+def _tied_chunks(t: Tensor, two_mu: Tensor | float) -> list[int] | None:
     """Starts of the query chunks of the tied path: each spans at most ``_TIED_MAX_EXPONENT`` in
-    ``2 μ_r Δt`` (every sequence of the batch, times ``t (B|1, N)`` non-decreasing), or None when
-    that needs more than one chunk per ``_TIED_MIN_CHUNK`` tokens. Reads the times (a host copy)."""
+    ``2 μ_r Δt`` (``two_mu``: its largest value over the heads; every sequence of the batch, times
+    ``t (B|1, N)`` non-decreasing), or None when that needs more than one chunk per
+    ``_TIED_MIN_CHUNK`` tokens. Reads the times and ``two_mu`` (a host copy)."""
     n = t.shape[-1]
+    two_mu = float(two_mu.max()) if isinstance(two_mu, Tensor) else two_mu
     if two_mu * float((t[:, -1] - t[:, 0]).max()) <= _TIED_MAX_EXPONENT:
         return [0]
     t = t.detach().cpu()
