@@ -70,6 +70,7 @@ off inside (`geoattn.attention.dtypes`).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -561,9 +562,19 @@ def _lag_spread(n: int, device, dtype) -> Tensor:
     """The one-hot ``(N, N·N)`` matrix with ``[ℓ, i·N + j] = 1`` where ``|i − j| = ℓ``: ``table @ it``
     spreads an ``(H, N)`` table over the lags to ``(H, N·N)`` pairs, exactly (one term per sum), and
     its backward, a matmul too, sums each lag's pairs (a gather's backward scatters instead, with
-    accumulation, several times slower on a CPU)."""
+    accumulation, several times slower on a CPU). Eager calls reuse it (at most N = DENSE_MAX_N:
+    8 MiB in float32); compiled graphs build it in place."""
+    if torch.compiler.is_compiling():
+        return _build_lag_spread(n, device, dtype)
+    return _cached_lag_spread(n, torch.device(device), dtype)
+
+
+def _build_lag_spread(n: int, device, dtype) -> Tensor:
     lag = torch.arange(n, device=device)
     return ((lag[:, None] - lag[None]).abs().flatten() == lag[:, None]).to(dtype)
+
+
+_cached_lag_spread = functools.lru_cache(maxsize=8)(_build_lag_spread)
 
 
 def _dense_weights(dm1, log_m2, log_c, beta):
