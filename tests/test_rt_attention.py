@@ -422,6 +422,7 @@ def test_compiled_kernels_match_reference(monkeypatch):
     monkeypatch.setattr(rt, "COMPILE_MIN_PAIRS", 0)
     monkeypatch.setattr(blockwise, "_MAX_BLOCK_K", 8)
     monkeypatch.setattr(blockwise, "_TILE_ELEMENTS", 2 * 3 * 8 * 8)
+    monkeypatch.setattr(blockwise, "_MIN_BLOCK_Q", 8)
     q, k, v, omega, positions = _inputs(n=21, dtype=torch.float32)
     params = {name: p.requires_grad_() for name, p in _params("general", dtype=torch.float32).items()}
     leaves = [q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params.values()]

@@ -45,7 +45,12 @@ ScoreFn = Callable[[Tensor, Tensor, tuple[Tensor, ...], tuple[Tensor, ...], tupl
 # enough that the score function's intermediates stay in cache and the backward's graph stays small.
 _TILE_ELEMENTS = 1 << 19
 _MAX_BLOCK_K = 256  # measured: 256-key chunks beat 512 and 128 for the LM recipe and B=1, H=8 alike
-_MIN_BLOCK_Q = 16
+# Query rows per block at least (while a tile stays under _MAX_TILE_ELEMENTS): with many heads in a
+# batch (the LM recipe's 12 × 4) the cache-sized tile has only 42 rows, and the per-tile matmuls and
+# Python work then cost more than the cache saves (`geoattn bench lm` at T = 1024; B = 1, H = 8
+# keeps its 256 rows).
+_MIN_BLOCK_Q = 64
+_MAX_TILE_ELEMENTS = 1 << 21
 # Problems with at least this many (B·H·N²) score entries compile their tile functions by default
 # (tests and toy sizes stay eager; the LM recipe's 12 × 4 heads compile from N = 128 on).
 COMPILE_MIN_PAIRS = 1 << 19
@@ -74,7 +79,8 @@ def flush_small(x: Tensor, signed: bool = False) -> Tensor:
 def default_blocks(batch_heads: int, n: int) -> tuple[int, int]:
     """Query block and key chunk sizes for ``batch_heads`` (B·H) heads of length ``n``."""
     block_k = min(n, _MAX_BLOCK_K)
-    block_q = min(n, max(_MIN_BLOCK_Q, _TILE_ELEMENTS // (batch_heads * block_k)))
+    in_cache = _TILE_ELEMENTS // (batch_heads * block_k)
+    block_q = min(n, max(in_cache, min(_MIN_BLOCK_Q, _MAX_TILE_ELEMENTS // (batch_heads * block_k)), 1))
     return block_q, block_k
 
 
