@@ -16,7 +16,8 @@ table reports min / median / max over ``--repeats`` calls and ratios of medians 
 the same run. Peak memory is the growth of the process during one forward+backward.
 ``--compile on`` times the rt fast paths through ``torch.compile``, as a compiled model runs them (at
 small N the eager calls' fixed costs dominate); SDPA, one fused operator already, stays eager, so the
-ratios include the compiled wrapper's own fixed cost.
+ratios include the compiled wrapper's own fixed cost. ``--profile`` adds, per N, the operators with
+the most self time in one forward+backward of SDPA and of each rt fast path (`torch.profiler`).
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="also print a torch.profiler breakdown of one forward+backward per rt fast path, at each N",
+        help="also print a torch.profiler breakdown of one forward+backward of SDPA and of each rt fast "
+        "path (trained-like keys), at each N",
     )
 
 
