@@ -20,6 +20,7 @@ and per-key norms).
 from __future__ import annotations
 
 import math
+import types
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -249,6 +250,17 @@ def _tile_backward_eager(score_fn, dot, tq, tk, qs, ks, ps, qi, kj, lse, dp, del
         tuple(grads[1 + n_qs : 1 + n_qs + n_ks]),
         tuple(grads[1 + n_qs + n_ks :]),
     )
+
+
+def own_code(fn: Callable, name: str) -> Callable:
+    """``fn`` (defaults and closure included) with a code object of its own, named ``name``.
+
+    Dynamo keeps its compiled graphs, and counts its recompile limit, per code object: functions
+    compiled once per variant or per model (a process that trains several models, a benchmark's
+    variants) need their own, or they share that limit and fall back to eager when it is reached.
+    """
+    code = fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
 class MaybeCompiled:

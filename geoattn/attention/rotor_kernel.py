@@ -81,7 +81,6 @@ Backends:
 from __future__ import annotations
 
 import math
-import types
 import warnings
 from collections.abc import Callable
 from typing import TypeVar
@@ -92,6 +91,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
+from geoattn.attention.blockwise import own_code
 from geoattn.attention.dtypes import outside_autocast
 
 _T = TypeVar("_T")
@@ -568,8 +568,7 @@ class _BlockKernel:
             first = args[0]
             key = (first.dtype, first.device, torch.is_grad_enabled(), tuple(x is None for x in args))
             if key not in self._compiled:
-                code = self.fn.__code__.replace(co_name=f"{self.fn.__name__}_{len(self._compiled)}")
-                copy = types.FunctionType(code, self.fn.__globals__, code.co_name, self.fn.__defaults__)
+                copy = own_code(self.fn, f"{self.fn.__name__}_{len(self._compiled)}")
                 self._compiled[key] = torch.compile(
                     copy, backend=COMPILE_BACKEND, dynamic=True, fullgraph=True
                 )

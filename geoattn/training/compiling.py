@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from geoattn.attention.blockwise import own_code
 
 
 class CompiledModel:
@@ -43,8 +44,5 @@ def weight_normalizer(model: nn.Module, compiled: bool) -> Callable[[], None]:
     def normalize() -> None:
         model.normalize_weights()
 
-    # a code object per model: dynamo keeps its graphs per code object, with a recompile limit that
-    # the models of one process (a benchmark's variants, a test session) would otherwise share
-    code = normalize.__code__.replace(co_name=f"normalize_weights_{id(model):x}")
-    own = types.FunctionType(code, normalize.__globals__, code.co_name, None, normalize.__closure__)
-    return torch.compile(own)
+    # a code object per model, so that the models of one process do not share a recompile limit
+    return torch.compile(own_code(normalize, f"normalize_weights_{id(model):x}"))
