@@ -130,7 +130,7 @@ def test_auto_matches_reference_values_and_gradients(regime, causal, dtype, tol,
         monkeypatch.setattr(rt, "_TIED_MAX_EXPONENT", 2.0)
     if chunked:
         monkeypatch.setattr(rt, "_TIED_MIN_CHUNK", 1)
-        chunks = rt._tied_chunks(_inputs(dtype=dtype)[4], 2 * 0.4)
+        chunks = rt._tied_chunks(_inputs(dtype=dtype)[4], 2 * _params("tied", dtype=dtype)["mu_r"])
         assert chunks is not None and len(chunks) > 3, chunks  # several chunks do run
     if regime == "general-blockwise":  # too long for the dense tile: the blockwise kernel
         regime = "general"

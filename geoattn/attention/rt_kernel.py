@@ -681,13 +681,13 @@ def _sdpa_tied(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, 
 
 
 @torch.compiler.disable  # reads values: a compiled graph stops here on purpose (no item() warning)
-def _tied_chunks(t: Tensor, two_mu: Tensor | float) -> list[int] | None:
+def _tied_chunks(t: Tensor, two_mu: Tensor) -> list[int] | None:
     """Starts of the query chunks of the tied path: each spans at most ``_TIED_MAX_EXPONENT`` in
     ``2 μ_r Δt`` (``two_mu``: its largest value over the heads; every sequence of the batch, times
     ``t (B|1, N)`` non-decreasing), or None when that needs more than one chunk per
     ``_TIED_MIN_CHUNK`` tokens. Reads the times and ``two_mu`` (a host copy)."""
     n = t.shape[-1]
-    two_mu = float(two_mu.max()) if isinstance(two_mu, Tensor) else two_mu
+    two_mu = float(two_mu.max())
     if two_mu * float((t[:, -1] - t[:, 0]).max()) <= _TIED_MAX_EXPONENT:
         return [0]
     t = t.detach().cpu()
