@@ -561,7 +561,7 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
 
 def test_auto_falls_back_to_blockwise_when_flex_fails(monkeypatch):
     """``auto`` picks FlexAttention on CUDA; if it cannot run, the blockwise kernel answers."""
-    monkeypatch.setattr(rt, "_choose_path", lambda *args: "flex")
+    monkeypatch.setattr(rt, "_choose_path", lambda *args, **kwargs: "flex")
     monkeypatch.setattr(rt, "_compiled_flex", lambda flex: flex)
     q, k, v, omega, positions = _inputs(n=9)
     params = {name: p.requires_grad_() for name, p in _params("general").items()}

@@ -37,6 +37,12 @@ shapes and the device; it never reads a tensor's values, so it runs under
   the blockwise flash-style kernel of `geoattn.attention.blockwise` (O(N) memory), registered as a
   custom operator so that a compiled graph calls it whole.
 
+On the CPU with the default times (``positions=None``), every structure and length takes the native
+kernel (`geoattn.attention.native`, compiled for the machine on first use): ``log c`` is then a table
+over the lags, and one fused flash-style forward and backward in C++ computes the general logits
+exactly, at the cost of SDPA's own CPU kernel to within tens of percent. It runs inside the blockwise
+custom operator; without a C++ toolchain (or with ``GEOATTN_NATIVE=0``) the paths below serve.
+
 Short sequences take, whatever the structure, the dense exact kernel: one ``N × N`` tile per head
 (``N ≤ DENSE_MAX_N`` and ``B·H·N² ≤ DENSE_MAX_ELEMENTS``; the one exception to "no N×N tensor",
 bounded like a tile of the blockwise kernel), the logits in four passes from a batch-independent
@@ -79,6 +85,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from geoattn.algebra.rotation import rope_angles, rotate_pairs
+from geoattn.attention import native
 from geoattn.attention.blockwise import (
     COMPILE_MIN_PAIRS,
     MaybeCompiled,
@@ -100,6 +107,10 @@ STRUCTURES = ("general", "separable", "tied")
 # 65 at N = 256); the element bound keeps its memory in check for large batches.
 DENSE_MAX_N = 128
 DENSE_MAX_ELEMENTS = 1 << 24
+
+# Query block and key chunk of the native CPU kernel (`geoattn.attention.native`): 64 × 256 ran
+# as fast as 128 × 256, 64 × 128 and 32 × 512 for both B = 1, H = 8, N = 2048 and the LM recipe.
+NATIVE_BLOCKS = (64, 256)
 
 # The tied family runs on SDPA in query chunks (chunk-relative time, SPEC §1.5) that span at most
 # this in 2 μ_r Δt, so that their folded scalings s_i = e^{−2 μ_r (t_i − t₀)} ≥ e^{−20} and a_j keep
@@ -235,7 +246,9 @@ def _attention(
         out, weights = _reference(qh, kh, vh, log_m2, times, *params, causal)
     else:
         qh, kh, vh, log_m2 = _prepare(qkv, metric, key_scale, angles, normalize, use_compile)
-        path = _choose_path(backend, structure, qkv.device, b * h, n, params, causal)
+        path = _choose_path(
+            backend, structure, qkv.device, b * h, n, params, causal, default_times=times is None
+        )
         args = (qh, kh, vh, log_m2, times, *params, causal, use_compile)
         try:
             out = _PATHS[path](*args)
@@ -906,10 +919,27 @@ def _rt_blockwise_op(
     causal: bool,
     use_compile: bool,
 ) -> tuple[Tensor, Tensor]:
+    kernel = _native_kernel(qh, params)
+    if kernel is not None:
+        out, lse = kernel.rt_lag_forward(*_contiguous(qh, kh, vh, log_m2, *params), causal, *NATIVE_BLOCKS)
+        return out, lse
     b, h, n, _ = qh.shape
     score, _ = _tile_functions(params)
     blocks = default_blocks(b * h, n)
     return blockwise_forward(score, causal, *blocks, use_compile, qh, kh, vh, times, (), (log_m2,), params)
+
+
+def _native_kernel(qh: Tensor, params: list[Tensor]):
+    """The native CPU kernel (`geoattn.attention.native`) where it applies: a lag table (the default
+    times) on the CPU, float32 or float64, and the kernel built; else None (the Python loops)."""
+    lag_table = params[0].dim() == 2
+    if lag_table and qh.device.type == "cpu" and qh.dtype in (torch.float32, torch.float64):
+        return native.rt_lag_cpu()
+    return None
+
+
+def _contiguous(*tensors: Tensor) -> list[Tensor]:
+    return [t.contiguous() for t in tensors]
 
 
 @_rt_blockwise_op.register_fake
@@ -931,6 +961,10 @@ def _rt_blockwise_backward_op(
     causal: bool,
     use_compile: bool,
 ) -> list[Tensor]:
+    kernel = _native_kernel(qh, params)
+    if kernel is not None:
+        tensors = _contiguous(qh, kh, vh, log_m2, *params, out, lse, grad_out)
+        return list(kernel.rt_lag_backward(*tensors, causal, *NATIVE_BLOCKS))
     b, h, n, _ = qh.shape
     score, tile_backward = _tile_functions(params)
     blocks = default_blocks(b * h, n)
@@ -1022,10 +1056,14 @@ _PATHS = {
 }
 
 
-def _choose_path(backend, structure, device, batch_heads, n, params, causal) -> str:
-    """The path of `_PATHS`, from static facts only (never from the values of a tensor)."""
+def _choose_path(backend, structure, device, batch_heads, n, params, causal, default_times=False) -> str:
+    """The path of `_PATHS`, from static facts only (never from the values of a tensor). On the CPU
+    with the default times, the native kernel (`geoattn.attention.native`, a constant of the process)
+    serves every structure and length: it is exact for all parameters and faster than the rest."""
     if backend != "auto":
         return backend
+    if default_times and device.type == "cpu" and native.rt_lag_available():
+        return "blockwise"
     mu_r, sigma_t2, eta_t2, _ = params
     if n <= DENSE_MAX_N and batch_heads * n * n <= DENSE_MAX_ELEMENTS:
         return "dense"  # short sequences: every structure, exactly (for σ_t² = 0 its table is log η_t²)

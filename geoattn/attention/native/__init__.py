@@ -1,0 +1,93 @@
+"""Native CPU kernels, compiled for the machine on first use.
+
+`rt_lag_cpu` is RT-Filter attention with a lag table (the default times, where ``log c`` depends on
+``i − j`` only): a fused flash-style forward and backward in C++ (``rt_lag_cpu.cpp``), the matmuls in
+the BLAS torch links and the elementwise work in SIMD lanes, parallel over heads and query blocks.
+It computes exactly what the Python blockwise kernel computes (the same flushing of subnormal
+factors), without its per-tile Python and compiled-call overhead.
+
+The first call compiles the source with the toolchain ``torch.utils.cpp_extension`` uses (a C++
+compiler and ``ninja``; about a minute on two cores) into a cache folder per machine,
+``$GEOATTN_CACHE/native`` (default ``~/.cache/geoattn/native``); later processes load it. Where it
+cannot be built, or with ``GEOATTN_NATIVE=0``, `rt_lag_cpu` returns None, with a one-line warning in
+the first case, and the kernels use the Python blockwise path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+NATIVE_ENV = "GEOATTN_NATIVE"
+_SOURCE = Path(__file__).with_name("rt_lag_cpu.cpp")
+_NAME = "geoattn_rt_lag_cpu"
+# -march=native: the build is per machine (the cache folder carries the CPU's flags in its name)
+_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+_state: dict[str, ModuleType | None] = {}
+
+
+def enabled() -> bool:
+    """Whether native kernels may be used: not switched off by ``GEOATTN_NATIVE=0``."""
+    return os.environ.get(NATIVE_ENV, "1").strip().lower() not in ("0", "false", "no")
+
+
+@torch.compiler.assume_constant_result
+def rt_lag_available() -> bool:
+    """Whether `rt_lag_cpu` gives a kernel (building it on the first call). A constant of the
+    process, so a compiled graph's path choice treats it as a static fact."""
+    return rt_lag_cpu() is not None
+
+
+def rt_lag_cpu() -> ModuleType | None:
+    """The compiled module with ``rt_lag_forward`` and ``rt_lag_backward``, or None (see above)."""
+    if "rt_lag" not in _state:
+        _state["rt_lag"] = _build() if enabled() else None
+    return _state["rt_lag"]
+
+
+def _build() -> ModuleType | None:
+    try:
+        from torch.utils.cpp_extension import load
+
+        folder = _cache_folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        if not any(folder.glob(f"{_NAME}*.so")):
+            print("geoattn: compiling the native RT attention kernel (once per machine)", file=sys.stderr)
+        return load(
+            name=_NAME,
+            sources=[str(_SOURCE)],
+            extra_cflags=_CFLAGS,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(folder),
+            verbose=False,
+        )
+    except Exception as err:  # noqa: BLE001 - no compiler, no ninja, a foreign BLAS: the Python path
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        warnings.warn(
+            f"geoattn: native RT attention kernel unavailable ({reason[:200]}); using the Python kernel",
+            stacklevel=3,
+        )
+        return None
+
+
+def _cache_folder() -> Path:
+    root = Path(os.environ.get("GEOATTN_CACHE", Path.home() / ".cache" / "geoattn")) / "native"
+    key = hashlib.sha256(f"{torch.__version__}|{platform.machine()}|{_cpu_flags()}".encode()).hexdigest()[:12]
+    return root / key
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()

@@ -1,0 +1,412 @@
+// RT-Filter attention on the CPU for precisions that depend on the lag i − j only (the default
+// times): a fused flash-style forward and backward, one pass over the key blocks per query block.
+//
+// Per head, with a relative table ``lc[i − j + N − 1] = log c`` (shape (H, 2N − 1)), ``m²_j = e^{lm2_j}``:
+//
+//     bκ_ij    = β m²_j e^{−lc}          (flushed below tiny^¾, like the Python kernels)
+//     logit_ij = lm2_j − lc + bκ_ij (⟨q_i, k_j⟩ − 1)
+//     o_i      = Σ_j softmax_j(logit_ij) v_j
+//
+// The matmuls go to the BLAS that torch links (sgemm_/dgemm_); the elementwise work runs in loops
+// the compiler vectorises (a branch-free exp for float32). The Python side (geoattn.attention.native)
+// builds this file once per machine and falls back to the blockwise kernel when it cannot.
+//
+// Layouts: q, k (B·H, N, D), v and grad_out (B·H, N, Dv), lm2 (B·H, N), table (H, 2N − 1),
+// beta (H,), all contiguous. Outputs as documented on each function.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
+            const int*, const float*, const int*, const float*, float*, const int*);
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*,
+            const int*, const double*, const int*, const double*, double*, const int*);
+}
+
+namespace {
+
+// Column-major C (m × n) = alpha op(A) op(B) + beta C, as the Fortran BLAS takes it.
+void gemm(char ta, char tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+          int ldb, float beta, float* c, int ldc) {
+  sgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+}
+void gemm(char ta, char tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
+          int ldb, double beta, double* c, int ldc) {
+  dgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+}
+
+// Row-major products, written once here so that the kernels read like the maths:
+// C (r × c) = A (r × k) · Bᵀ where B is (c × k).
+template <typename T>
+void mm_abt(int r, int c, int k, const T* a, int lda, const T* b, int ldb, T beta, T* out, int ldo) {
+  gemm('T', 'N', c, r, k, T(1), b, ldb, a, lda, beta, out, ldo);
+}
+// C (r × c) += A (r × k) · B (k × c).
+template <typename T>
+void mm_ab(int r, int c, int k, const T* a, int lda, const T* b, int ldb, T beta, T* out, int ldo) {
+  gemm('N', 'N', c, r, k, T(1), b, ldb, a, lda, beta, out, ldo);
+}
+// C (r × c) += Aᵀ · B where A is (k × r) and B is (k × c).
+template <typename T>
+void mm_atb(int r, int c, int k, const T* a, int lda, const T* b, int ldb, T beta, T* out, int ldo) {
+  gemm('N', 'T', c, r, k, T(1), b, ldb, a, lda, beta, out, ldo);
+}
+
+// The elementwise work runs on lanes: 16 float32s at a time as a GCC vector (the compiler maps it
+// to whatever SIMD the machine has), and one at a time for the tail and for float64. Each formula
+// below is written once, for any lane type L.
+using vf = float __attribute__((vector_size(64)));
+using vi = int32_t __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+
+template <typename L, typename T>
+inline L load(const T* p) {
+  if constexpr (std::is_same_v<L, vf>) {
+    vf x;
+    std::memcpy(&x, p, sizeof(x));
+    return x;
+  } else {
+    return *p;
+  }
+}
+template <typename L, typename T>
+inline void store(T* p, L x) {
+  if constexpr (std::is_same_v<L, vf>) {
+    std::memcpy(p, &x, sizeof(x));
+  } else {
+    *p = x;
+  }
+}
+template <typename L, typename T>
+inline L splat(T x) {
+  if constexpr (std::is_same_v<L, vf>) {
+    return vf{} + static_cast<float>(x);
+  } else {
+    return x;
+  }
+}
+
+// |x| < tiny → 0: factors that would be subnormal change no sum, but slow every product they enter.
+template <typename L>
+inline L flush(L x, L tiny, L zero) {
+  return (x < tiny && x > -tiny) ? zero : x;
+}
+
+// e^x without a call, so that it vectorises: Cody–Waite reduction by ln 2 and a degree-6 polynomial
+// (relative error about 2 ulp); x below −87.3 (−inf included) gives 0, a weight the callers flush.
+template <typename L>
+inline L exp_lane(L x) {
+  if constexpr (std::is_same_v<L, double>) {
+    return std::exp(x);
+  } else {
+    const L lo = splat<L>(-87.3f), hi = splat<L>(88.3f), zero = splat<L>(0.0f);
+    const auto under = x < lo;
+    x = x < lo ? lo : x;
+    x = x > hi ? hi : x;
+    const L t = x * 1.44269504088896341f + 0.5f;
+    L n;
+    int32_t ni_s = 0;
+    vi ni_v{};
+    if constexpr (std::is_same_v<L, vf>) {  // floor: truncate, then step down where it rounded up
+      ni_v = __builtin_convertvector(t, vi);
+      n = __builtin_convertvector(ni_v, vf);
+      ni_v = n > t ? ni_v - 1 : ni_v;
+      n = __builtin_convertvector(ni_v, vf);
+    } else {
+      n = std::floor(t);
+      ni_s = static_cast<int32_t>(n);
+    }
+    L r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    L p = splat<L>(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    L scale;
+    if constexpr (std::is_same_v<L, vf>) {
+      const vi bits = (ni_v + 127) << 23;
+      std::memcpy(&scale, &bits, sizeof(scale));
+    } else {
+      const int32_t bits = (ni_s + 127) << 23;
+      std::memcpy(&scale, &bits, sizeof(scale));
+    }
+    return under ? zero : p * scale;
+  }
+}
+
+// acc = op(acc, f(j, L{})) over j < width: whole vectors of float32s first, then one at a time.
+template <typename T, typename F, typename Op>
+inline T over_lanes(int width, T init, Op op, F&& f) {
+  T acc = init;
+  int j = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    vf vacc = splat<vf>(init);
+    for (; j + kLanes <= width; j += kLanes) vacc = op(vacc, f(j, vf{}));
+    for (int l = 0; l < kLanes; ++l) acc = op(acc, static_cast<float>(vacc[l]));
+  }
+  for (; j < width; ++j) acc = op(acc, f(j, T{}));
+  return acc;
+}
+
+const auto add = [](auto a, auto b) { return a + b; };
+const auto maximum = [](auto a, auto b) { return a > b ? a : b; };
+
+template <typename T>
+T tiny34() {
+  return std::pow(std::numeric_limits<T>::min(), T(0.75));
+}
+
+// The per-row inputs of one (query row, key block) stretch: pointers shifted so that index j of
+// the block reads key j's scalars and the table at lag i − j.
+template <typename T>
+struct Row {
+  const T* lc;     // log c at (i, j), reversed table: rev[N − 1 − i + j]
+  const T* invc;   // e^{−log c}, same indexing
+  const T* lm2;    // log m²_j
+  const T* bm2;    // β m²_j
+
+  // β κ = β m²_j / c (flushed) and the logit, from the dot s, at key j.
+  template <typename L>
+  inline L beta_kappa(int j, T tiny) const {
+    return flush(load<L>(bm2 + j) * load<L>(invc + j), splat<L>(tiny), splat<L>(T(0)));
+  }
+  template <typename L>
+  inline L logit(int j, L s, L bk) const {
+    return load<L>(lm2 + j) - load<L>(lc + j) + bk * (s - T(1));
+  }
+};
+
+// Logits of one row stretch of `width` keys, from the dots in `s` (overwritten), and their max.
+template <typename T>
+T row_logits(T* s, int width, const Row<T>& row, T tiny) {
+  return over_lanes<T>(width, -std::numeric_limits<T>::infinity(), maximum, [&](int j, auto lane) {
+    using L = decltype(lane);
+    const L logit = row.logit(j, load<L>(s + j), row.template beta_kappa<L>(j, tiny));
+    store(s + j, logit);
+    return logit;
+  });
+}
+
+template <typename T>
+struct Tables {
+  std::vector<T> lc, invc;  // (H, 2N − 1) reversed: entry N − 1 − (i − j)
+};
+
+template <typename T>
+Tables<T> reversed_tables(const T* table, int64_t h, int64_t n) {
+  const int64_t w = 2 * n - 1;
+  Tables<T> t{std::vector<T>(h * w), std::vector<T>(h * w)};
+  for (int64_t hh = 0; hh < h; ++hh)
+    for (int64_t x = 0; x < w; ++x) {
+      const T v = table[hh * w + (w - 1 - x)];
+      t.lc[hh * w + x] = v;
+      t.invc[hh * w + x] = std::exp(-v);
+    }
+  return t;
+}
+
+template <typename T>
+void forward_impl(const T* q, const T* k, const T* v, const T* lm2, const T* table, const T* beta,
+                  T* out, T* lse, int64_t bh, int64_t h, int64_t n, int64_t d, int64_t dv, bool causal,
+                  int64_t bq, int64_t bk) {
+  const auto tabs = reversed_tables(table, h, n);
+  const int64_t w = 2 * n - 1, nqb = (n + bq - 1) / bq;
+  const T tiny = tiny34<T>(), inf = std::numeric_limits<T>::infinity();
+  at::parallel_for(0, bh * nqb, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> s(bq * bk), acc(bq * dv), mx(bq), sum(bq), bm2(n);
+    int64_t last_head = -1;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t x = task / nqb, q0 = (task % nqb) * bq, q1 = std::min(q0 + bq, n);
+      const int rows = static_cast<int>(q1 - q0), hh = static_cast<int>(x % h);
+      const T* lm2x = lm2 + x * n;
+      if (x != last_head) {  // β m²_j of this head's keys
+        for (int64_t j = 0; j < n; ++j) bm2[j] = beta[hh] * std::exp(lm2x[j]);
+        last_head = x;
+      }
+      std::fill(acc.begin(), acc.end(), T(0));
+      std::fill(mx.begin(), mx.end(), -inf);
+      std::fill(sum.begin(), sum.end(), T(0));
+      const int64_t key_end = causal ? q1 : n;
+      for (int64_t k0 = 0; k0 < key_end; k0 += bk) {
+        const int cols = static_cast<int>(std::min(k0 + bk, key_end) - k0);
+        mm_abt<T>(rows, cols, d, q + (x * n + q0) * d, d, k + (x * n + k0) * d, d, T(0), s.data(), cols);
+        for (int r = 0; r < rows; ++r) {
+          const int64_t i = q0 + r;
+          T* sr = s.data() + r * cols;
+          const int width = causal ? static_cast<int>(std::clamp<int64_t>(i + 1 - k0, 0, cols)) : cols;
+          const int64_t off = hh * w + (n - 1 - i + k0);
+          const Row<T> row{tabs.lc.data() + off, tabs.invc.data() + off, lm2x + k0, bm2.data() + k0};
+          const T row_max = width > 0 ? row_logits(sr, width, row, tiny) : -inf;
+          const T new_max = std::max(mx[r], row_max);
+          if (new_max == -inf) {  // nothing seen yet in this row
+            std::fill(sr, sr + cols, T(0));
+            continue;
+          }
+          const T psum = over_lanes<T>(width, T(0), add, [&](int j, auto lane) {
+            using L = decltype(lane);
+            const L p = flush(exp_lane(load<L>(sr + j) - new_max), splat<L>(tiny), splat<L>(T(0)));
+            store(sr + j, p);
+            return p;
+          });
+          std::fill(sr + width, sr + cols, T(0));
+          const T rescale = mx[r] == -inf ? T(0) : exp_lane(mx[r] - new_max);
+          if (rescale != T(1)) {
+            T* ar = acc.data() + r * dv;
+            for (int64_t c = 0; c < dv; ++c) ar[c] *= rescale;
+          }
+          sum[r] = sum[r] * rescale + psum;
+          mx[r] = new_max;
+        }
+        mm_ab<T>(rows, dv, cols, s.data(), cols, v + (x * n + k0) * dv, dv, T(1), acc.data(), dv);
+      }
+      for (int r = 0; r < rows; ++r) {
+        T* o = out + (x * n + q0 + r) * dv;
+        const T inv = T(1) / sum[r];
+        for (int64_t c = 0; c < dv; ++c) o[c] = acc[r * dv + c] * inv;
+        lse[x * n + q0 + r] = mx[r] + std::log(sum[r]);
+      }
+    }
+  });
+}
+
+template <typename T>
+void backward_impl(const T* q, const T* k, const T* v, const T* lm2, const T* table, const T* beta,
+                   const T* lse, const T* delta, const T* dout, T* dq, T* dk, T* dv_, T* dlm2, T* dtab,
+                   T* dbeta, int64_t bh, int64_t h, int64_t n, int64_t d, int64_t dv, bool causal,
+                   int64_t bq, int64_t bk) {
+  const auto tabs = reversed_tables(table, h, n);
+  const int64_t w = 2 * n - 1;
+  const T tiny = tiny34<T>();
+  // dtab: (B·H, 2N − 1) in the reversed order, one row per head instance (no races); dbeta (B·H,)
+  at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> s(bq * bk), dp(bq * bk), bm2(n);
+    for (int64_t x = begin; x < end; ++x) {
+      const int hh = static_cast<int>(x % h);
+      const T* lm2x = lm2 + x * n;
+      T* dtabx = dtab + x * w;
+      T* dlm2x = dlm2 + x * n;
+      T through_kappa = 0;
+      for (int64_t j = 0; j < n; ++j) bm2[j] = beta[hh] * std::exp(lm2x[j]);
+      for (int64_t q0 = 0; q0 < n; q0 += bq) {
+        const int64_t q1 = std::min(q0 + bq, n);
+        const int rows = static_cast<int>(q1 - q0);
+        const int64_t key_end = causal ? q1 : n;
+        const T* qb = q + (x * n + q0) * d;
+        const T* dob = dout + (x * n + q0) * dv;
+        for (int64_t k0 = 0; k0 < key_end; k0 += bk) {
+          const int cols = static_cast<int>(std::min(k0 + bk, key_end) - k0);
+          const T* kb = k + (x * n + k0) * d;
+          const T* vb = v + (x * n + k0) * dv;
+          mm_abt<T>(rows, cols, d, qb, d, kb, d, T(0), s.data(), cols);
+          mm_abt<T>(rows, cols, dv, dob, dv, vb, dv, T(0), dp.data(), cols);
+          for (int r = 0; r < rows; ++r) {
+            const int64_t i = q0 + r;
+            T* sr = s.data() + r * cols;  // dots in, P out
+            T* dr = dp.data() + r * cols;  // dP in, ∂/∂dot out
+            const int width = causal ? static_cast<int>(std::clamp<int64_t>(i + 1 - k0, 0, cols)) : cols;
+            const int64_t off = hh * w + (n - 1 - i + k0);
+            const Row<T> row{tabs.lc.data() + off, tabs.invc.data() + off, lm2x + k0, bm2.data() + k0};
+            T* gtab = dtabx + (n - 1 - i + k0);
+            T* gm2 = dlm2x + k0;
+            const T li = lse[x * n + i], de = delta[x * n + i];
+            const T tk = over_lanes<T>(width, T(0), add, [&](int j, auto lane) {
+              using L = decltype(lane);
+              const L tn = splat<L>(tiny), zero = splat<L>(T(0));
+              const L bk = row.template beta_kappa<L>(j, tiny), s_ = load<L>(sr + j);
+              const L p = flush(exp_lane(row.logit(j, s_, bk) - li), tn, zero);
+              const L ds = flush(p * (load<L>(dr + j) - de), tn, zero);
+              const L ddot = flush(ds * bk, tn, zero);
+              const L a = flush(ddot * (s_ - T(1)), tn, zero);  // the part through κ
+              const L g = ds + a;                                // the total through log κ
+              store(gm2 + j, load<L>(gm2 + j) + g);
+              store(gtab + j, load<L>(gtab + j) - g);
+              store(sr + j, p);
+              store(dr + j, ddot);
+              return a;
+            });
+            through_kappa += tk;
+            std::fill(sr + width, sr + cols, T(0));
+            std::fill(dr + width, dr + cols, T(0));
+          }
+          mm_atb<T>(cols, dv, rows, s.data(), cols, dob, dv, T(1), dv_ + (x * n + k0) * dv, dv);
+          mm_ab<T>(rows, d, cols, dp.data(), cols, kb, d, T(1), dq + (x * n + q0) * d, d);
+          mm_atb<T>(cols, d, rows, dp.data(), cols, qb, d, T(1), dk + (x * n + k0) * d, d);
+        }
+      }
+      dbeta[x] = through_kappa / beta[hh];
+    }
+  });
+}
+
+void check(const torch::Tensor& t, const char* name, int64_t dim) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.dim() == dim, name,
+              ": expected a contiguous CPU tensor with ", dim, " dims, got ", t.sizes());
+}
+
+}  // namespace
+
+// q, k (B, H, N, D), v (B, H, N, Dv), lm2 (B, H, N), table (H, 2N − 1), beta (H,) →
+// (out (B, H, N, Dv), lse (B, H, N)).
+std::vector<torch::Tensor> rt_lag_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                          torch::Tensor lm2, torch::Tensor table, torch::Tensor beta,
+                                          bool causal, int64_t bq, int64_t bk) {
+  check(q, "q", 4), check(k, "k", 4), check(v, "v", 4), check(lm2, "log_m2", 3);
+  check(table, "table", 2), check(beta, "beta", 1);
+  const int64_t b = q.size(0), h = q.size(1), n = q.size(2), d = q.size(3), dv = v.size(3);
+  TORCH_CHECK(table.size(0) == h && table.size(1) == 2 * n - 1, "table: expected (H, 2N - 1)");
+  auto out = torch::empty({b, h, n, dv}, v.options());
+  auto lse = torch::empty({b, h, n}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "rt_lag_forward", [&] {
+    forward_impl<scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                           lm2.data_ptr<scalar_t>(), table.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(),
+                           out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), b * h, h, n, d, dv, causal,
+                           bq, bk);
+  });
+  return {out, lse};
+}
+
+// The backward from the forward's out and lse and grad_out (B, H, N, Dv) →
+// (dq, dk, dv, d log_m2 (B, H, N), d table (H, 2N − 1), d beta (H,)).
+std::vector<torch::Tensor> rt_lag_backward(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                           torch::Tensor lm2, torch::Tensor table, torch::Tensor beta,
+                                           torch::Tensor out, torch::Tensor lse, torch::Tensor grad_out,
+                                           bool causal, int64_t bq, int64_t bk) {
+  check(q, "q", 4), check(k, "k", 4), check(v, "v", 4), check(lm2, "log_m2", 3);
+  check(table, "table", 2), check(beta, "beta", 1), check(out, "out", 4), check(lse, "lse", 3);
+  check(grad_out, "grad_out", 4);
+  const int64_t b = q.size(0), h = q.size(1), n = q.size(2), d = q.size(3), dv = v.size(3);
+  auto delta = (grad_out * out).sum(-1).contiguous();  // (B, H, N), rowsum(dO ⊙ O)
+  auto dq = torch::zeros_like(q), dk = torch::zeros_like(k), dvt = torch::zeros_like(v);
+  auto dlm2 = torch::zeros_like(lm2);
+  auto dtab = torch::zeros({b * h, 2 * n - 1}, q.options());  // reversed lag order per head instance
+  auto dbeta = torch::zeros({b * h}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "rt_lag_backward", [&] {
+    backward_impl<scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                            lm2.data_ptr<scalar_t>(), table.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(),
+                            lse.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(), grad_out.data_ptr<scalar_t>(),
+                            dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dvt.data_ptr<scalar_t>(),
+                            dlm2.data_ptr<scalar_t>(), dtab.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>(),
+                            b * h, h, n, d, dv, causal, bq, bk);
+  });
+  // back to the table's order (entry i − j + N − 1) and summed over the batch
+  auto d_table = dtab.view({b, h, 2 * n - 1}).sum(0).flip(-1).contiguous();
+  auto d_beta = dbeta.view({b, h}).sum(0);
+  return {dq, dk, dvt, dlm2, d_table, d_beta};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rt_lag_forward", &rt_lag_forward, "RT-Filter attention with a lag table, forward");
+  m.def("rt_lag_backward", &rt_lag_backward, "RT-Filter attention with a lag table, backward");
+}

@@ -1,0 +1,176 @@
+"""The native CPU kernel of RT-Filter attention (`geoattn.attention.native`, issue #13): exact
+against the float64 reference and the Python blockwise loops (values and every gradient), chosen by
+``auto`` from static facts, compiled around as one operator, and optional (a failed build warns once
+and leaves the Python kernel in charge)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import geoattn.attention.rt_kernel as rt
+from geoattn import subnormals
+from geoattn.algebra.rotation import rope_frequencies
+from geoattn.attention import native
+from geoattn.attention.rt_kernel import rt_attention
+
+F64, F32 = torch.float64, torch.float32
+
+pytestmark = pytest.mark.skipif(
+    native.rt_lag_cpu() is None, reason="no C++ toolchain here: the native kernel cannot be built"
+)
+
+
+def _inputs(b=2, h=3, n=150, d=8, dtype=F64, seed=0, spread=3.0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n, d, generator=g, dtype=F64) for _ in range(3))
+    k = k * (0.3 + spread * torch.rand(b, h, n, 1, generator=g, dtype=F64))  # trained-like magnitudes
+    omega = 0.3 * rope_frequencies(d, h).to(F64)
+    return tuple(x.to(dtype) for x in (q, k, v, omega))  # the same numbers in either dtype
+
+
+def _params(regime: str, dtype=F64):
+    # at most 2 μ_r Δt = 60 over N = 150 (below `rt._FAR`: the reference's plain c stays finite),
+    # except for "fast", whose far lags take log c in log space
+    mu_r = torch.tensor({"fast": [0.0, 0.5, 3.0]}.get(regime, [0.0, 0.05, 0.2]), dtype=dtype)
+    eta_t2 = torch.tensor([0.5, 1.0, 2.0], dtype=dtype)
+    sigma_t2 = {
+        "separable": torch.zeros(3, dtype=dtype),
+        "tied": 2 * mu_r * eta_t2,
+    }.get(regime, torch.tensor([0.1, 0.02, 0.3], dtype=dtype))
+    return dict(mu_r=mu_r, sigma_t2=sigma_t2, eta_t2=eta_t2, beta=torch.tensor([1.0, 2.0, 0.5], dtype=dtype))
+
+
+def _grads(out, leaves, seed=1):
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(out.dtype)
+    return torch.autograd.grad((out * weights).sum(), leaves)
+
+
+def _run(backend, dtype, regime, causal, **kw):
+    q, k, v, omega = _inputs(dtype=dtype, **kw)
+    params = {name: p.requires_grad_() for name, p in _params(regime, dtype).items()}
+    leaves = [q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params.values()]
+    out = rt_attention(q, k, v, **params, omega=omega, causal=causal, backend=backend)
+    return out, _grads(out, leaves)
+
+
+class _Calls:
+    """Counts the native kernel's forward and backward calls."""
+
+    def __init__(self, monkeypatch):
+        self.forward = self.backward = 0
+        module = native.rt_lag_cpu()
+        spy = self
+
+        class Spy:
+            def rt_lag_forward(self, *args):
+                spy.forward += 1
+                return module.rt_lag_forward(*args)
+
+            def rt_lag_backward(self, *args):
+                spy.backward += 1
+                return module.rt_lag_backward(*args)
+
+        monkeypatch.setattr(native, "rt_lag_cpu", lambda: Spy())
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("regime", ["general", "separable", "tied", "fast"])
+@pytest.mark.parametrize("blocks", [(64, 256), (16, 24)], ids=["default-blocks", "many-blocks"])
+def test_native_kernel_matches_reference(regime, causal, blocks, monkeypatch):
+    """float64, every regime (μ_r = 0, σ_t² = 0, the tied family), N = 150 not a multiple of the
+    blocks: values and the gradients of q, k, v and all four parameters equal the reference's to
+    rounding. "fast": a decay whose far lags (2 μ_r Δt up to 900) overflow the reference's plain
+    ``c``; there the oracle is the Python blockwise kernel, whose table takes ``log c`` in log space."""
+    monkeypatch.setattr(rt, "NATIVE_BLOCKS", blocks)
+    calls = _Calls(monkeypatch)
+    out, grads = _run("blockwise", F64, regime, causal)
+    assert (calls.forward, calls.backward) == (1, 1)
+    if regime == "fast":
+        monkeypatch.setattr(rt, "_native_kernel", lambda qh, params: None)
+    ref, ref_grads = _run("blockwise" if regime == "fast" else "reference", F64, regime, causal)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    for name, g, g_ref in zip(("q", "k", "v", "mu_r", "sigma_t2", "eta_t2", "beta"), grads, ref_grads):
+        torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-10, msg=f"gradient of {name}")
+
+
+@pytest.mark.parametrize("flushed", [True, False], ids=["subnormals-flushed", "subnormals-kept"])
+def test_native_float32_matches_the_python_kernel_and_the_reference(flushed, monkeypatch):
+    """float32 with wide key magnitudes (sharp weights, factors that would be subnormal): the native
+    kernel, the Python blockwise loops and the float64 reference agree, whether or not the CPU flushes
+    subnormals (the native kernel flushes below tiny^¾ itself, like `flush_small`)."""
+    monkeypatch.setattr(subnormals, "_flushed", flushed)
+    out, grads = _run("blockwise", F32, "general", True, spread=12.0)
+    monkeypatch.setattr(rt, "_native_kernel", lambda qh, params: None)
+    py_out, py_grads = _run("blockwise", F32, "general", True, spread=12.0)
+    ref, ref_grads = _run("reference", F64, "general", True, spread=12.0)
+    torch.testing.assert_close(out, py_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-4)
+    for g, g_py, g_ref in zip(grads, py_grads, ref_grads):
+        torch.testing.assert_close(g, g_py, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(g.double(), g_ref, rtol=1e-3, atol=1e-3)
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+def test_auto_takes_the_native_kernel_for_the_default_times_only(monkeypatch):
+    """With the default times every structure and length runs natively on the CPU (static facts:
+    the device, ``positions is None`` and the built kernel); explicit times keep the other paths."""
+    calls = _Calls(monkeypatch)
+    q, k, v, omega = _inputs(n=40)
+    for structure in ("general", "separable", "tied"):
+        rt_attention(q, k, v, **_params(structure), omega=omega, structure=structure)
+    assert calls.forward == 3
+    positions = torch.arange(40, dtype=F64) * 0.5
+    rt_attention(q, k, v, **_params("general"), omega=omega, positions=positions)
+    assert calls.forward == 3
+    cpu = torch.device("cpu")
+    params = tuple(torch.ones(3) for _ in range(4))
+    assert rt._choose_path("auto", "general", cpu, 6, 40, params, True, default_times=True) == "blockwise"
+    assert rt._choose_path("auto", "general", cpu, 6, 40, params, True, default_times=False) == "dense"
+
+
+def test_native_path_compiles_as_one_graph():
+    """The native kernel sits inside the blockwise custom operator: ``fullgraph=True`` holds (the
+    kernel's availability is a constant of the process), and compiled == eager."""
+    torch._dynamo.reset()
+    q, k, v, omega = _inputs(n=40)
+    params = {name: p.requires_grad_() for name, p in _params("general").items()}
+
+    def attend(q, k, v):
+        return rt_attention(q, k, v, **params, omega=omega)
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, out_c = attend(*leaves), compiled(*leaves)
+    torch.testing.assert_close(out_c, out, rtol=1e-12, atol=1e-12)
+    trainable = [*leaves, *params.values()]
+    for g, g_c in zip(_grads(out, trainable), _grads(out_c, trainable)):
+        torch.testing.assert_close(g_c, g, rtol=1e-12, atol=1e-12)
+    torch._dynamo.reset()
+
+
+def test_a_failed_build_warns_once_and_leaves_the_python_kernel(monkeypatch):
+    """No compiler (or ninja, or BLAS symbols): one warning, None, and the kernels stay exact."""
+    import torch.utils.cpp_extension as cpp
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(cpp, "load", broken)
+    monkeypatch.setattr(native, "_state", {})
+    with pytest.warns(UserWarning, match="native RT attention kernel unavailable .*Ninja is required"):
+        assert native.rt_lag_cpu() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        assert native.rt_lag_cpu() is None
+    out, _ = _run("auto", F64, "general", True)
+    ref, _ = _run("reference", F64, "general", True)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_the_environment_switches_it_off(monkeypatch):
+    monkeypatch.setenv(native.NATIVE_ENV, "0")
+    monkeypatch.setattr(native, "_state", {})
+    assert native.rt_lag_cpu() is None
