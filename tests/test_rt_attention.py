@@ -455,6 +455,7 @@ def test_bench_attention_entry_point(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("keys (|k|") and "κ up to" in line for line in lines)  # input statistics
     assert any(line.startswith("peak memory: RSS growth") for line in lines)  # how memory was measured
+    assert any(line.startswith("rt paths: ") for line in lines)  # native kernel or Python paths
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines if line.startswith("| 16 ")]
     kernels = {(row[1], row[2]) for row in rows}
     assert kernels == {

@@ -1,10 +1,12 @@
 """RT-Filter attention kernels vs PyTorch SDPA: forward and forward+backward time and peak memory.
 
 Causal, B = 1, float32, for each N: plain causal ``scaled_dot_product_attention`` on the same
-shapes (the peer), `rt_attention` on each of its structures (``separable``: σ_t² = 0, SDPA with
-folded keys; ``tied``: σ_t² = 2 μ_r η_t², chunked SDPA; ``general``: free process noise, whose four
-parameters also receive gradients, as in training: the dense path up to N = 512, the blockwise
-kernel beyond) and the N×N reference where it fits.
+shapes (the peer), `rt_attention` on each of its structures (``separable``: σ_t² = 0; ``tied``:
+σ_t² = 2 μ_r η_t²; ``general``: free process noise, whose four parameters also receive gradients, as
+in training) and the N×N reference where it fits. With the default times on the CPU every structure
+runs the native kernel (`geoattn.attention.native`); with ``GEOATTN_NATIVE=0`` (or where it cannot be
+built) the Python paths: SDPA with folded keys (separable), chunked SDPA (tied), the dense tile up
+to N = 128 and the blockwise kernel beyond (general). The header says which.
 
 Keys are drawn as a trained model's are spread: each key is a Gaussian vector scaled by a factor
 uniform in [0.5, 2.5] (``--key-spread 0.5 2.5``), so the precision κ = |k|²/η_t² spans more than an
@@ -31,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from geoattn.algebra.rotation import rope_frequencies
+from geoattn.attention import native
 from geoattn.attention.rt_kernel import rt_attention
 from geoattn.bench.common import (
     CLOCKS,
@@ -130,12 +133,19 @@ def run(args: argparse.Namespace) -> int:
         f"round-robin ({args.clock} clock), "
         f"{threads_note()}"
     )
+    print(f"rt paths: {_paths_note(device)}")
     print("keys (|k|, and κ = |k|²/η_t² with η_t² = 1): " + "; ".join(stats))
     print(memory_note(device))
     print(format_table(headers, rows))
     for profile in profiles:
         print("\n" + profile)
     return 0
+
+
+def _paths_note(device: torch.device) -> str:
+    if device.type == "cpu" and native.rt_lag_available():
+        return "the native CPU kernel for every structure (GEOATTN_NATIVE=0: the Python paths)"
+    return "the Python paths (separable and tied: SDPA with folded keys; general: dense or blockwise)"
 
 
 def _keys(g: torch.Generator, shape: tuple[int, ...], spread_: tuple[float, float], device) -> torch.Tensor:
