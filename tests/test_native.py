@@ -174,3 +174,32 @@ def test_the_environment_switches_it_off(monkeypatch):
     monkeypatch.setenv(native.NATIVE_ENV, "0")
     monkeypatch.setattr(native, "_state", {})
     assert native.rt_lag_cpu() is None
+
+
+def test_token_major_inputs_are_read_in_place():
+    """A fused projection's (B, N, H, D) layout, viewed as (B, H, N, D), goes to the kernel without a
+    copy; values and gradients (contiguous outputs) equal those of contiguous inputs."""
+    kernel = native.rt_lag_cpu()
+    g = torch.Generator().manual_seed(3)
+    b, h, n, d = 2, 3, 70, 8
+    qkv = torch.randn(b, n, 3, h, d, generator=g, dtype=F64)
+    q, k, v = (x.transpose(1, 2) for x in qkv.unbind(2))  # strided views
+    grad_out = torch.randn(b, n, h, d, generator=g, dtype=F64).transpose(1, 2)
+    assert rt._rows(q, k, v, grad_out)[0].data_ptr() == q.data_ptr()  # no copy
+    lm2 = torch.randn(b, h, n, generator=g, dtype=F64)
+    table = torch.randn(h, 2 * n - 1, generator=g, dtype=F64)
+    beta = torch.rand(h, generator=g, dtype=F64) + 0.5
+    strided = kernel.rt_lag_forward(q, k, v, lm2, table, beta, True, 16, 32)
+    dense = kernel.rt_lag_forward(
+        q.contiguous(), k.contiguous(), v.contiguous(), lm2, table, beta, True, 16, 32
+    )
+    for a, e in zip(strided, dense):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+    out, lse = dense
+    grads = kernel.rt_lag_backward(q, k, v, lm2, table, beta, out, lse, grad_out, True, 16, 32)
+    expected = kernel.rt_lag_backward(
+        *(x.contiguous() for x in (q, k, v)), lm2, table, beta, out, lse, grad_out.contiguous(), True, 16, 32
+    )
+    for a, e in zip(grads, expected):
+        assert a.is_contiguous()
+        torch.testing.assert_close(a, e, rtol=1e-14, atol=1e-14)

@@ -921,7 +921,9 @@ def _rt_blockwise_op(
 ) -> tuple[Tensor, Tensor]:
     kernel = _native_kernel(qh, params)
     if kernel is not None:
-        out, lse = kernel.rt_lag_forward(*_contiguous(qh, kh, vh, log_m2, *params), causal, *NATIVE_BLOCKS)
+        out, lse = kernel.rt_lag_forward(
+            *_rows(qh, kh, vh), *_contiguous(log_m2, *params), causal, *NATIVE_BLOCKS
+        )
         return out, lse
     b, h, n, _ = qh.shape
     score, _ = _tile_functions(params)
@@ -940,6 +942,12 @@ def _native_kernel(qh: Tensor, params: list[Tensor]):
 
 def _contiguous(*tensors: Tensor) -> list[Tensor]:
     return [t.contiguous() for t in tensors]
+
+
+def _rows(*tensors: Tensor) -> list[Tensor]:
+    """``(B, H, N, D)`` tensors as the native kernel reads them: rows contiguous, other strides free
+    (a token-major projection's layout is read in place), else copied."""
+    return [t if t.stride(-1) == 1 and t.stride(-2) >= t.shape[-1] else t.contiguous() for t in tensors]
 
 
 @_rt_blockwise_op.register_fake
@@ -963,7 +971,7 @@ def _rt_blockwise_backward_op(
 ) -> list[Tensor]:
     kernel = _native_kernel(qh, params)
     if kernel is not None:
-        tensors = _contiguous(qh, kh, vh, log_m2, *params, out, lse, grad_out)
+        tensors = (*_rows(qh, kh, vh), *_contiguous(log_m2, *params, out, lse), *_rows(grad_out))
         return list(kernel.rt_lag_backward(*tensors, causal, *NATIVE_BLOCKS))
     b, h, n, _ = qh.shape
     score, tile_backward = _tile_functions(params)

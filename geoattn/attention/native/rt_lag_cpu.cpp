@@ -11,8 +11,9 @@
 // the compiler vectorises (a branch-free exp for float32). The Python side (geoattn.attention.native)
 // builds this file once per machine and falls back to the blockwise kernel when it cannot.
 //
-// Layouts: q, k (B·H, N, D), v and grad_out (B·H, N, Dv), lm2 (B·H, N), table (H, 2N − 1),
-// beta (H,), all contiguous. Outputs as documented on each function.
+// Layouts: q, k (B, H, N, D), v and grad_out (B, H, N, Dv) with contiguous rows (any batch, head and
+// row strides: a token-major projection is read in place); lm2 (B, H, N), table (H, 2N − 1) and
+// beta (H,) contiguous. Outputs are contiguous, as documented on each function.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -199,6 +200,22 @@ T row_logits(T* s, int width, const Row<T>& row, T tiny) {
   });
 }
 
+// A (B, H, N, ·) input whose rows are contiguous but whose batch, head and row strides are free:
+// the token-major (B, N, H, D) layout of a fused projection is read where it lies. The matmuls take
+// the row stride as their leading dimension.
+template <typename T>
+struct Rows {
+  const T* p;
+  int64_t h, sb, sh, sn;
+  const T* at(int64_t x, int64_t i) const { return p + (x / h) * sb + (x % h) * sh + i * sn; }
+  int ld() const { return static_cast<int>(sn); }
+};
+
+template <typename T>
+Rows<T> rows_of(const torch::Tensor& t) {
+  return {t.data_ptr<T>(), t.size(1), t.stride(0), t.stride(1), t.stride(2)};
+}
+
 template <typename T>
 struct Tables {
   std::vector<T> lc, invc;  // (H, 2N − 1) reversed: entry N − 1 − (i − j)
@@ -218,7 +235,7 @@ Tables<T> reversed_tables(const T* table, int64_t h, int64_t n) {
 }
 
 template <typename T>
-void forward_impl(const T* q, const T* k, const T* v, const T* lm2, const T* table, const T* beta,
+void forward_impl(Rows<T> q, Rows<T> k, Rows<T> v, const T* lm2, const T* table, const T* beta,
                   T* out, T* lse, int64_t bh, int64_t h, int64_t n, int64_t d, int64_t dv, bool causal,
                   int64_t bq, int64_t bk) {
   const auto tabs = reversed_tables(table, h, n);
@@ -241,7 +258,7 @@ void forward_impl(const T* q, const T* k, const T* v, const T* lm2, const T* tab
       const int64_t key_end = causal ? q1 : n;
       for (int64_t k0 = 0; k0 < key_end; k0 += bk) {
         const int cols = static_cast<int>(std::min(k0 + bk, key_end) - k0);
-        mm_abt<T>(rows, cols, d, q + (x * n + q0) * d, d, k + (x * n + k0) * d, d, T(0), s.data(), cols);
+        mm_abt<T>(rows, cols, d, q.at(x, q0), q.ld(), k.at(x, k0), k.ld(), T(0), s.data(), cols);
         for (int r = 0; r < rows; ++r) {
           const int64_t i = q0 + r;
           T* sr = s.data() + r * cols;
@@ -269,7 +286,7 @@ void forward_impl(const T* q, const T* k, const T* v, const T* lm2, const T* tab
           sum[r] = sum[r] * rescale + psum;
           mx[r] = new_max;
         }
-        mm_ab<T>(rows, dv, cols, s.data(), cols, v + (x * n + k0) * dv, dv, T(1), acc.data(), dv);
+        mm_ab<T>(rows, dv, cols, s.data(), cols, v.at(x, k0), v.ld(), T(1), acc.data(), dv);
       }
       for (int r = 0; r < rows; ++r) {
         T* o = out + (x * n + q0 + r) * dv;
@@ -282,8 +299,8 @@ void forward_impl(const T* q, const T* k, const T* v, const T* lm2, const T* tab
 }
 
 template <typename T>
-void backward_impl(const T* q, const T* k, const T* v, const T* lm2, const T* table, const T* beta,
-                   const T* lse, const T* delta, const T* dout, T* dq, T* dk, T* dv_, T* dlm2, T* dtab,
+void backward_impl(Rows<T> q, Rows<T> k, Rows<T> v, const T* lm2, const T* table, const T* beta,
+                   const T* lse, const T* delta, Rows<T> dout, T* dq, T* dk, T* dv_, T* dlm2, T* dtab,
                    T* dbeta, int64_t bh, int64_t h, int64_t n, int64_t d, int64_t dv, bool causal,
                    int64_t bq, int64_t bk) {
   const auto tabs = reversed_tables(table, h, n);
@@ -303,14 +320,14 @@ void backward_impl(const T* q, const T* k, const T* v, const T* lm2, const T* ta
         const int64_t q1 = std::min(q0 + bq, n);
         const int rows = static_cast<int>(q1 - q0);
         const int64_t key_end = causal ? q1 : n;
-        const T* qb = q + (x * n + q0) * d;
-        const T* dob = dout + (x * n + q0) * dv;
+        const T* qb = q.at(x, q0);
+        const T* dob = dout.at(x, q0);
         for (int64_t k0 = 0; k0 < key_end; k0 += bk) {
           const int cols = static_cast<int>(std::min(k0 + bk, key_end) - k0);
-          const T* kb = k + (x * n + k0) * d;
-          const T* vb = v + (x * n + k0) * dv;
-          mm_abt<T>(rows, cols, d, qb, d, kb, d, T(0), s.data(), cols);
-          mm_abt<T>(rows, cols, dv, dob, dv, vb, dv, T(0), dp.data(), cols);
+          const T* kb = k.at(x, k0);
+          const T* vb = v.at(x, k0);
+          mm_abt<T>(rows, cols, d, qb, q.ld(), kb, k.ld(), T(0), s.data(), cols);
+          mm_abt<T>(rows, cols, dv, dob, dout.ld(), vb, v.ld(), T(0), dp.data(), cols);
           for (int r = 0; r < rows; ++r) {
             const int64_t i = q0 + r;
             T* sr = s.data() + r * cols;  // dots in, P out
@@ -340,9 +357,9 @@ void backward_impl(const T* q, const T* k, const T* v, const T* lm2, const T* ta
             std::fill(sr + width, sr + cols, T(0));
             std::fill(dr + width, dr + cols, T(0));
           }
-          mm_atb<T>(cols, dv, rows, s.data(), cols, dob, dv, T(1), dv_ + (x * n + k0) * dv, dv);
-          mm_ab<T>(rows, d, cols, dp.data(), cols, kb, d, T(1), dq + (x * n + q0) * d, d);
-          mm_atb<T>(cols, d, rows, dp.data(), cols, qb, d, T(1), dk + (x * n + k0) * d, d);
+          mm_atb<T>(cols, dv, rows, s.data(), cols, dob, dout.ld(), T(1), dv_ + (x * n + k0) * dv, dv);
+          mm_ab<T>(rows, d, cols, dp.data(), cols, kb, k.ld(), T(1), dq + (x * n + q0) * d, d);
+          mm_atb<T>(cols, d, rows, dp.data(), cols, qb, q.ld(), T(1), dk + (x * n + k0) * d, d);
         }
       }
       dbeta[x] = through_kappa / beta[hh];
@@ -355,6 +372,13 @@ void check(const torch::Tensor& t, const char* name, int64_t dim) {
               ": expected a contiguous CPU tensor with ", dim, " dims, got ", t.sizes());
 }
 
+// q, k, v, grad_out: (B, H, N, ·) with unit stride along the last axis (any other strides).
+void check_rows(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 4 && t.stride(3) == 1 && t.stride(2) >= t.size(3), name,
+              ": expected a CPU tensor (B, H, N, D) with rows contiguous, got sizes ", t.sizes(),
+              " strides ", t.strides());
+}
+
 }  // namespace
 
 // q, k (B, H, N, D), v (B, H, N, Dv), lm2 (B, H, N), table (H, 2N − 1), beta (H,) →
@@ -362,14 +386,14 @@ void check(const torch::Tensor& t, const char* name, int64_t dim) {
 std::vector<torch::Tensor> rt_lag_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                           torch::Tensor lm2, torch::Tensor table, torch::Tensor beta,
                                           bool causal, int64_t bq, int64_t bk) {
-  check(q, "q", 4), check(k, "k", 4), check(v, "v", 4), check(lm2, "log_m2", 3);
+  check_rows(q, "q"), check_rows(k, "k"), check_rows(v, "v"), check(lm2, "log_m2", 3);
   check(table, "table", 2), check(beta, "beta", 1);
   const int64_t b = q.size(0), h = q.size(1), n = q.size(2), d = q.size(3), dv = v.size(3);
   TORCH_CHECK(table.size(0) == h && table.size(1) == 2 * n - 1, "table: expected (H, 2N - 1)");
   auto out = torch::empty({b, h, n, dv}, v.options());
   auto lse = torch::empty({b, h, n}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "rt_lag_forward", [&] {
-    forward_impl<scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+    forward_impl<scalar_t>(rows_of<scalar_t>(q), rows_of<scalar_t>(k), rows_of<scalar_t>(v),
                            lm2.data_ptr<scalar_t>(), table.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(),
                            out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), b * h, h, n, d, dv, causal,
                            bq, bk);
@@ -383,19 +407,21 @@ std::vector<torch::Tensor> rt_lag_backward(torch::Tensor q, torch::Tensor k, tor
                                            torch::Tensor lm2, torch::Tensor table, torch::Tensor beta,
                                            torch::Tensor out, torch::Tensor lse, torch::Tensor grad_out,
                                            bool causal, int64_t bq, int64_t bk) {
-  check(q, "q", 4), check(k, "k", 4), check(v, "v", 4), check(lm2, "log_m2", 3);
+  check_rows(q, "q"), check_rows(k, "k"), check_rows(v, "v"), check(lm2, "log_m2", 3);
   check(table, "table", 2), check(beta, "beta", 1), check(out, "out", 4), check(lse, "lse", 3);
-  check(grad_out, "grad_out", 4);
+  check_rows(grad_out, "grad_out");
   const int64_t b = q.size(0), h = q.size(1), n = q.size(2), d = q.size(3), dv = v.size(3);
   auto delta = (grad_out * out).sum(-1).contiguous();  // (B, H, N), rowsum(dO ⊙ O)
-  auto dq = torch::zeros_like(q), dk = torch::zeros_like(k), dvt = torch::zeros_like(v);
+  // contiguous, whatever the inputs' strides (zeros_like would keep a token-major layout)
+  auto dq = torch::zeros(q.sizes(), q.options()), dk = torch::zeros(k.sizes(), k.options());
+  auto dvt = torch::zeros(v.sizes(), v.options());
   auto dlm2 = torch::zeros_like(lm2);
   auto dtab = torch::zeros({b * h, 2 * n - 1}, q.options());  // reversed lag order per head instance
   auto dbeta = torch::zeros({b * h}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "rt_lag_backward", [&] {
-    backward_impl<scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+    backward_impl<scalar_t>(rows_of<scalar_t>(q), rows_of<scalar_t>(k), rows_of<scalar_t>(v),
                             lm2.data_ptr<scalar_t>(), table.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(),
-                            lse.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(), grad_out.data_ptr<scalar_t>(),
+                            lse.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(), rows_of<scalar_t>(grad_out),
                             dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dvt.data_ptr<scalar_t>(),
                             dlm2.data_ptr<scalar_t>(), dtab.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>(),
                             b * h, h, n, d, dv, causal, bq, bk);
