@@ -19,7 +19,7 @@ from geoattn.attention.rt_kernel import rt_attention
 F64, F32 = torch.float64, torch.float32
 
 pytestmark = pytest.mark.skipif(
-    native.rt_lag_cpu() is None, reason="no C++ toolchain here: the native kernel cannot be built"
+    native.cpu_kernels() is None, reason="no C++ toolchain here: the native kernel cannot be built"
 )
 
 
@@ -61,7 +61,7 @@ class _Calls:
 
     def __init__(self, monkeypatch):
         self.forward = self.backward = 0
-        module = native.rt_lag_cpu()
+        module = native.cpu_kernels()
         spy = self
 
         class Spy:
@@ -73,7 +73,7 @@ class _Calls:
                 spy.backward += 1
                 return module.rt_lag_backward(*args)
 
-        monkeypatch.setattr(native, "rt_lag_cpu", lambda: Spy())
+        monkeypatch.setattr(native, "cpu_kernels", lambda: Spy())
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
@@ -160,11 +160,11 @@ def test_a_failed_build_warns_once_and_leaves_the_python_kernel(monkeypatch):
 
     monkeypatch.setattr(cpp, "load", broken)
     monkeypatch.setattr(native, "_state", {})
-    with pytest.warns(UserWarning, match="native RT attention kernel unavailable .*Ninja is required"):
-        assert native.rt_lag_cpu() is None
+    with pytest.warns(UserWarning, match="native CPU kernels unavailable .*Ninja is required"):
+        assert native.cpu_kernels() is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
-        assert native.rt_lag_cpu() is None
+        assert native.cpu_kernels() is None
     out, _ = _run("auto", F64, "general", True)
     ref, _ = _run("reference", F64, "general", True)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
@@ -173,13 +173,13 @@ def test_a_failed_build_warns_once_and_leaves_the_python_kernel(monkeypatch):
 def test_the_environment_switches_it_off(monkeypatch):
     monkeypatch.setenv(native.NATIVE_ENV, "0")
     monkeypatch.setattr(native, "_state", {})
-    assert native.rt_lag_cpu() is None
+    assert native.cpu_kernels() is None
 
 
 def test_token_major_inputs_are_read_in_place():
     """A fused projection's (B, N, H, D) layout, viewed as (B, H, N, D), goes to the kernel without a
     copy; values and gradients (contiguous outputs) equal those of contiguous inputs."""
-    kernel = native.rt_lag_cpu()
+    kernel = native.cpu_kernels()
     g = torch.Generator().manual_seed(3)
     b, h, n, d = 2, 3, 70, 8
     qkv = torch.randn(b, n, 3, h, d, generator=g, dtype=F64)
@@ -203,3 +203,46 @@ def test_token_major_inputs_are_read_in_place():
     for a, e in zip(grads, expected):
         assert a.is_contiguous()
         torch.testing.assert_close(a, e, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("degenerate", ["generic", "parallel-channels", "zero-channel"])
+def test_native_frame_transform_matches_the_python_form(degenerate, monkeypatch):
+    """The frame head's per-token transform (rotor_kernel._frame_transform), both directions: the
+    native pass equals the tensor-operation form in float64, values and the gradients of both
+    channels and the moved multivectors, also where Gram–Schmidt meets its clamps (c1 ∥ c0; c0 = 0)."""
+    import geoattn.attention.rotor_kernel as rk
+    from geoattn.algebra.clifford_algebra import CliffordAlgebra
+
+    T0, T, Tt = (t.to(F64) for t in rk._rotation_action_table(CliffordAlgebra(3)))
+    g = torch.Generator().manual_seed(5)
+    c0, c1 = (torch.randn(2, 3, 33, 3, generator=g, dtype=F64) for _ in range(2))
+    m = torch.randn(2, 3, 33, 4, 8, generator=g, dtype=F64)
+    if degenerate == "parallel-channels":  # exactly: y' = 0 (nearly parallel is rounding noise in any form)
+        c0[:, :, ::3] = torch.tensor([2.0, 0.0, 0.0], dtype=F64)
+        c1[:, :, ::3] = torch.tensor([-3.0, 0.0, 0.0], dtype=F64)
+    elif degenerate == "zero-channel":
+        c0[:, :, ::4] = 0.0
+    weights = torch.randn(2, 3, 33, 4, 8, generator=g, dtype=F64)
+    results = []
+    for built in (True, False):
+        monkeypatch.setattr(rk.native, "available", lambda built=built: built)
+        for table in (T, Tt):
+            leaves = [x.clone().requires_grad_() for x in (c0, c1, m)]
+            out = rk._frame_transform(*leaves, T0, table)
+            results.append((out, *torch.autograd.grad((out * weights).sum(), leaves)))
+    for native_result, python_result in zip(results[:2], results[2:]):
+        for a, e, name in zip(native_result, python_result, ("out", "∂c0", "∂c1", "∂m")):
+            torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10, msg=name)
+
+
+def test_the_frame_head_takes_the_native_transform():
+    """rotor_attention's frame head on the CPU runs the native transform (into and out of the frames)."""
+    from geoattn.algebra.clifford_algebra import CliffordAlgebra
+    from geoattn.attention import rotor_attention
+
+    q, k, v = (torch.randn(1, 2, 10, 3, 8, dtype=F64, requires_grad=True) for _ in range(3))
+    with torch.profiler.profile() as prof:
+        rotor_attention(q, k, v, algebra=CliffordAlgebra(3), head_type="frame").sum().backward()
+    names = [e.name for e in prof.events()]
+    assert names.count("geoattn::frame_transform") == 2
+    assert names.count("geoattn::frame_transform_backward") == 2

@@ -48,7 +48,7 @@ def test_rt_attention_compiles_as_one_graph(structure, dense_max_n, monkeypatch)
     the compiled graph's values and gradients are the eager ones. (The native kernel, which the
     default times would take on the CPU, is switched off here; `tests/test_native.py` compiles it.)"""
     monkeypatch.setattr(rt, "DENSE_MAX_N", dense_max_n)
-    monkeypatch.setattr(rt.native, "rt_lag_available", lambda: False)
+    monkeypatch.setattr(rt.native, "available", lambda: False)
     monkeypatch.setattr(rt, "_native_kernel", lambda qh, params: None)
     qkv, params, omega = _kernel_inputs()
     if structure == "separable":

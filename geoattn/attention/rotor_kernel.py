@@ -91,6 +91,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
+from geoattn.attention import native
 from geoattn.attention.blockwise import own_code
 from geoattn.attention.dtypes import outside_autocast
 
@@ -782,11 +783,52 @@ def _rotation_action_table(algebra: CliffordAlgebra) -> tuple[Tensor, Tensor, Te
 def _frame_transform(c0: Tensor, c1: Tensor, m: Tensor, T0: Tensor, T: Tensor) -> Tensor:
     """``m`` moved by each token's frame rotor: c0, c1 ``(B, H, N, 3)`` (the frame's channels), m
     ``(B, H, N, Cv, 8)``, T0 and T (out of the frame) or Tt (into it) from
-    :func:`_rotation_action_table` → ``(B, H, N, Cv, 8)``."""
+    :func:`_rotation_action_table` → ``(B, H, N, Cv, 8)``. On the CPU, the native kernel
+    (`geoattn.attention.native`: one pass over the tokens, forward and backward) where it is built."""
+    if m.device.type == "cpu" and m.dtype in (torch.float32, torch.float64) and native.available():
+        flat = torch.ops.geoattn.frame_transform(c0.reshape(-1, 3), c1.reshape(-1, 3), m.flatten(0, 2), T0, T)
+        return flat.view(m.shape)
     ex, ey = _frame_axes(c0, c1)
     # [x y z] concatenated is vec(Rotᵀ) for the frame's rotation Rot = [x y z] (axes as columns)
     axes = torch.cat([ex, ey, torch.linalg.cross(ex, ey)], dim=-1)  # (B, H, N, 9)
     return m @ ((axes @ T).view(*axes.shape[:-1], *T0.shape) + T0)
+
+
+# The native frame transform as custom operators: compiled graphs call them whole.
+@torch.library.custom_op("geoattn::frame_transform", mutates_args=())
+def _frame_transform_op(c0: Tensor, c1: Tensor, m: Tensor, t0: Tensor, table: Tensor) -> Tensor:
+    tensors = (x.contiguous() for x in (c0, c1, m, t0, table))
+    return native.cpu_kernels().frame_forward(*tensors, NORM_EPS)
+
+
+@_frame_transform_op.register_fake
+def _(c0, c1, m, t0, table):
+    return torch.empty_like(m, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("geoattn::frame_transform_backward", mutates_args=())
+def _frame_transform_backward_op(
+    c0: Tensor, c1: Tensor, m: Tensor, t0: Tensor, table: Tensor, grad_out: Tensor
+) -> list[Tensor]:
+    tensors = (x.contiguous() for x in (c0, c1, m, t0, table, grad_out))
+    return list(native.cpu_kernels().frame_backward(*tensors, NORM_EPS))
+
+
+@_frame_transform_backward_op.register_fake
+def _(c0, c1, m, t0, table, grad_out):
+    return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in (c0, c1, m)]
+
+
+def _frame_transform_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _frame_transform_grad(ctx, grad_out):
+    g_c0, g_c1, g_m = torch.ops.geoattn.frame_transform_backward(*ctx.saved_tensors, grad_out)
+    return g_c0, g_c1, g_m, None, None
+
+
+_frame_transform_op.register_autograd(_frame_transform_grad, setup_context=_frame_transform_setup)
 
 
 def _frame(q, k, v, algebra, causal, key_mask) -> Tensor:

@@ -936,7 +936,7 @@ def _native_kernel(qh: Tensor, params: list[Tensor]):
     times) on the CPU, float32 or float64, and the kernel built; else None (the Python loops)."""
     lag_table = params[0].dim() == 2
     if lag_table and qh.device.type == "cpu" and qh.dtype in (torch.float32, torch.float64):
-        return native.rt_lag_cpu()
+        return native.cpu_kernels()
     return None
 
 
@@ -1070,7 +1070,7 @@ def _choose_path(backend, structure, device, batch_heads, n, params, causal, def
     serves every structure and length: it is exact for all parameters and faster than the rest."""
     if backend != "auto":
         return backend
-    if default_times and device.type == "cpu" and native.rt_lag_available():
+    if default_times and device.type == "cpu" and native.available():
         return "blockwise"
     mu_r, sigma_t2, eta_t2, _ = params
     if n <= DENSE_MAX_N and batch_heads * n * n <= DENSE_MAX_ELEMENTS:

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _paths_note(device: torch.device) -> str:
-    if device.type == "cpu" and native.rt_lag_available():
+    if device.type == "cpu" and native.available():
         return "the native CPU kernel for every structure (GEOATTN_NATIVE=0: the Python paths)"
     return "the Python paths (separable and tied: SDPA with folded keys; general: dense or blockwise)"
 

@@ -1,16 +1,18 @@
-"""Native CPU kernels, compiled for the machine on first use.
+"""Native CPU kernels, compiled for the machine on first use (one module, `cpu_kernels`).
 
-`rt_lag_cpu` is RT-Filter attention with a lag table (the default times, where ``log c`` depends on
-``i − j`` only): a fused flash-style forward and backward in C++ (``rt_lag_cpu.cpp``), the matmuls in
-the BLAS torch links and the elementwise work in SIMD lanes, parallel over heads and query blocks.
-It computes exactly what the Python blockwise kernel computes (the same flushing of subnormal
-factors), without its per-tile Python and compiled-call overhead.
+* ``rt_lag_forward`` / ``rt_lag_backward`` (``rt_lag.h``): RT-Filter attention with a lag table (the
+  default times, where ``log c`` depends on ``i − j`` only), a fused flash-style forward and backward,
+  the matmuls in the BLAS torch links and the elementwise work in SIMD lanes, parallel over heads and
+  query blocks. It computes exactly what the Python blockwise kernel computes (the same flushing of
+  subnormal factors), without its per-tile Python and compiled-call overhead.
+* ``frame_forward`` / ``frame_backward`` (``frame.h``): the rotor frame head's per-token transform
+  (Gram–Schmidt frame, its rotation's action on Cl(3), applied to every channel) in one pass.
 
 The first call compiles the source with the toolchain ``torch.utils.cpp_extension`` uses (a C++
 compiler and ``ninja``; about a minute on two cores) into a cache folder per machine,
 ``$GEOATTN_CACHE/native`` (default ``~/.cache/geoattn/native``); later processes load it. Where it
-cannot be built, or with ``GEOATTN_NATIVE=0``, `rt_lag_cpu` returns None, with a one-line warning in
-the first case, and the kernels use the Python blockwise path.
+cannot be built, or with ``GEOATTN_NATIVE=0``, `cpu_kernels` returns None, with a one-line warning in
+the first case, and the kernels use their Python forms.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from types import ModuleType
 import torch
 
 NATIVE_ENV = "GEOATTN_NATIVE"
-_SOURCE = Path(__file__).with_name("rt_lag_cpu.cpp")
-_NAME = "geoattn_rt_lag_cpu"
+_FOLDER = Path(__file__).parent
+_SOURCE = _FOLDER / "module.cpp"  # includes rt_lag.h and frame.h
+_NAME = "geoattn_native_cpu"
 # -march=native: the build is per machine (the cache folder carries the CPU's flags in its name)
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 _state: dict[str, ModuleType | None] = {}
@@ -39,17 +42,17 @@ def enabled() -> bool:
 
 
 @torch.compiler.assume_constant_result
-def rt_lag_available() -> bool:
-    """Whether `rt_lag_cpu` gives a kernel (building it on the first call). A constant of the
+def available() -> bool:
+    """Whether `cpu_kernels` gives the module (building it on the first call). A constant of the
     process, so a compiled graph's path choice treats it as a static fact."""
-    return rt_lag_cpu() is not None
+    return cpu_kernels() is not None
 
 
-def rt_lag_cpu() -> ModuleType | None:
-    """The compiled module with ``rt_lag_forward`` and ``rt_lag_backward``, or None (see above)."""
-    if "rt_lag" not in _state:
-        _state["rt_lag"] = _build() if enabled() else None
-    return _state["rt_lag"]
+def cpu_kernels() -> ModuleType | None:
+    """The compiled module (the functions above), or None (see above)."""
+    if "cpu" not in _state:
+        _state["cpu"] = _build() if enabled() else None
+    return _state["cpu"]
 
 
 def _build() -> ModuleType | None:
@@ -59,7 +62,7 @@ def _build() -> ModuleType | None:
         folder = _cache_folder()
         folder.mkdir(parents=True, exist_ok=True)
         if not any(folder.glob(f"{_NAME}*.so")):
-            print("geoattn: compiling the native RT attention kernel (once per machine)", file=sys.stderr)
+            print("geoattn: compiling the native CPU kernels (once per machine)", file=sys.stderr)
         return load(
             name=_NAME,
             sources=[str(_SOURCE)],
@@ -71,7 +74,7 @@ def _build() -> ModuleType | None:
     except Exception as err:  # noqa: BLE001 - no compiler, no ninja, a foreign BLAS: the Python path
         reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         warnings.warn(
-            f"geoattn: native RT attention kernel unavailable ({reason[:200]}); using the Python kernel",
+            f"geoattn: native CPU kernels unavailable ({reason[:200]}); using the Python kernels",
             stacklevel=3,
         )
         return None
@@ -79,7 +82,11 @@ def _build() -> ModuleType | None:
 
 def _cache_folder() -> Path:
     root = Path(os.environ.get("GEOATTN_CACHE", Path.home() / ".cache" / "geoattn")) / "native"
-    key = hashlib.sha256(f"{torch.__version__}|{platform.machine()}|{_cpu_flags()}".encode()).hexdigest()[:12]
+    # the sources' text is part of the key: a changed header (which torch's own check does not see)
+    # builds afresh
+    sources = "".join(p.read_text() for p in sorted(_FOLDER.glob("*.[ch]*")) if p.suffix in (".h", ".cpp"))
+    key = f"{torch.__version__}|{platform.machine()}|{_cpu_flags()}|{sources}"
+    key = hashlib.sha256(key.encode()).hexdigest()[:12]
     return root / key
 
 

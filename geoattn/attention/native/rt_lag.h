@@ -9,11 +9,13 @@
 //
 // The matmuls go to the BLAS that torch links (sgemm_/dgemm_); the elementwise work runs in loops
 // the compiler vectorises (a branch-free exp for float32). The Python side (geoattn.attention.native)
-// builds this file once per machine and falls back to the blockwise kernel when it cannot.
+// builds it (module.cpp) once per machine and falls back to the blockwise kernel when it cannot.
 //
 // Layouts: q, k (B, H, N, D), v and grad_out (B, H, N, Dv) with contiguous rows (any batch, head and
 // row strides: a token-major projection is read in place); lm2 (B, H, N), table (H, 2N − 1) and
 // beta (H,) contiguous. Outputs are contiguous, as documented on each function.
+
+#pragma once
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -383,7 +385,7 @@ void check_rows(const torch::Tensor& t, const char* name) {
 
 // q, k (B, H, N, D), v (B, H, N, Dv), lm2 (B, H, N), table (H, 2N − 1), beta (H,) →
 // (out (B, H, N, Dv), lse (B, H, N)).
-std::vector<torch::Tensor> rt_lag_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+inline std::vector<torch::Tensor> rt_lag_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                           torch::Tensor lm2, torch::Tensor table, torch::Tensor beta,
                                           bool causal, int64_t bq, int64_t bk) {
   check_rows(q, "q"), check_rows(k, "k"), check_rows(v, "v"), check(lm2, "log_m2", 3);
@@ -403,7 +405,7 @@ std::vector<torch::Tensor> rt_lag_forward(torch::Tensor q, torch::Tensor k, torc
 
 // The backward from the forward's out and lse and grad_out (B, H, N, Dv) →
 // (dq, dk, dv, d log_m2 (B, H, N), d table (H, 2N − 1), d beta (H,)).
-std::vector<torch::Tensor> rt_lag_backward(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+inline std::vector<torch::Tensor> rt_lag_backward(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                            torch::Tensor lm2, torch::Tensor table, torch::Tensor beta,
                                            torch::Tensor out, torch::Tensor lse, torch::Tensor grad_out,
                                            bool causal, int64_t bq, int64_t bk) {
@@ -430,9 +432,4 @@ std::vector<torch::Tensor> rt_lag_backward(torch::Tensor q, torch::Tensor k, tor
   auto d_table = dtab.view({b, h, 2 * n - 1}).sum(0).flip(-1).contiguous();
   auto d_beta = dbeta.view({b, h}).sum(0);
   return {dq, dk, dvt, dlm2, d_table, d_beta};
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rt_lag_forward", &rt_lag_forward, "RT-Filter attention with a lag table, forward");
-  m.def("rt_lag_backward", &rt_lag_backward, "RT-Filter attention with a lag table, backward");
 }

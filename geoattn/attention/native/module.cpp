@@ -1,0 +1,11 @@
+// The native CPU kernels as one Python module (built by geoattn.attention.native on first use).
+
+#include "frame.h"
+#include "rt_lag.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rt_lag_forward", &rt_lag_forward, "RT-Filter attention with a lag table, forward");
+  m.def("rt_lag_backward", &rt_lag_backward, "RT-Filter attention with a lag table, backward");
+  m.def("frame_forward", &frame_forward, "the frame head's per-token transform, forward");
+  m.def("frame_backward", &frame_backward, "the frame head's per-token transform, backward");
+}
