@@ -208,8 +208,9 @@ def test_token_major_inputs_are_read_in_place():
 @pytest.mark.parametrize("degenerate", ["generic", "parallel-channels", "zero-channel"])
 def test_native_frame_transform_matches_the_python_form(degenerate, monkeypatch):
     """The frame head's per-token transform (rotor_kernel._frame_transform), both directions: the
-    native pass equals the tensor-operation form in float64, values and the gradients of both
-    channels and the moved multivectors, also where Gram–Schmidt meets its clamps (c1 ∥ c0; c0 = 0)."""
+    native pass equals the tensor-operation form in float64, values and the gradients of the frames'
+    multivectors (nonzero at channels 0 and 1's vector parts only) and of the moved ones, also where
+    Gram–Schmidt meets its clamps (c1 ∥ c0; c0 = 0)."""
     import geoattn.attention.rotor_kernel as rk
     from geoattn.algebra.clifford_algebra import CliffordAlgebra
 
@@ -223,15 +224,17 @@ def test_native_frame_transform_matches_the_python_form(degenerate, monkeypatch)
     elif degenerate == "zero-channel":
         c0[:, :, ::4] = 0.0
     weights = torch.randn(2, 3, 33, 4, 8, generator=g, dtype=F64)
+    frames = torch.randn(2, 3, 33, 3, 8, generator=g, dtype=F64)  # 3 channels: the frame's are 0 and 1
+    frames[..., 0, 1:4], frames[..., 1, 1:4] = c0, c1
     results = []
     for built in (True, False):
         monkeypatch.setattr(rk.native, "available", lambda built=built: built)
         for table in (T, Tt):
-            leaves = [x.clone().requires_grad_() for x in (c0, c1, m)]
-            out = rk._frame_transform(*leaves, T0, table)
+            leaves = [x.clone().requires_grad_() for x in (frames, m)]
+            out = rk._frame_transform(*leaves, T0, table, slice(1, 4))
             results.append((out, *torch.autograd.grad((out * weights).sum(), leaves)))
     for native_result, python_result in zip(results[:2], results[2:]):
-        for a, e, name in zip(native_result, python_result, ("out", "∂c0", "∂c1", "∂m")):
+        for a, e, name in zip(native_result, python_result, ("out", "∂frames", "∂m")):
             torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10, msg=name)
 
 

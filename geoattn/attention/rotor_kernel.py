@@ -780,14 +780,15 @@ def _rotation_action_table(algebra: CliffordAlgebra) -> tuple[Tensor, Tensor, Te
     return T0, T.reshape(n * n, dim * dim), T.transpose(0, 1).reshape(n * n, dim * dim)
 
 
-def _frame_transform(c0: Tensor, c1: Tensor, m: Tensor, T0: Tensor, T: Tensor) -> Tensor:
-    """``m`` moved by each token's frame rotor: c0, c1 ``(B, H, N, 3)`` (the frame's channels), m
-    ``(B, H, N, Cv, 8)``, T0 and T (out of the frame) or Tt (into it) from
-    :func:`_rotation_action_table` → ``(B, H, N, Cv, 8)``. On the CPU, the native kernel
+def _frame_transform(frames: Tensor, m: Tensor, T0: Tensor, T: Tensor, vec: slice) -> Tensor:
+    """``m`` moved by each token's frame rotor: the frame from the vector parts (``vec``) of channels
+    0 and 1 of ``frames (B, H, N, C, 8)``, m ``(B, H, N, Cv, 8)``, T0 and T (out of the frame) or Tt
+    (into it) from :func:`_rotation_action_table` → ``(B, H, N, Cv, 8)``. On the CPU, the native kernel
     (`geoattn.attention.native`: one pass over the tokens, forward and backward) where it is built."""
     if m.device.type == "cpu" and m.dtype in (torch.float32, torch.float64) and native.available():
-        flat = torch.ops.geoattn.frame_transform(c0.reshape(-1, 3), c1.reshape(-1, 3), m.flatten(0, 2), T0, T)
+        flat = torch.ops.geoattn.frame_transform(frames.flatten(0, 2), m.flatten(0, 2), T0, T, vec.start)
         return flat.view(m.shape)
+    c0, c1 = frames[..., 0, vec], frames[..., 1, vec]
     ex, ey = _frame_axes(c0, c1)
     # [x y z] concatenated is vec(Rotᵀ) for the frame's rotation Rot = [x y z] (axes as columns)
     axes = torch.cat([ex, ey, torch.linalg.cross(ex, ey)], dim=-1)  # (B, H, N, 9)
@@ -796,36 +797,38 @@ def _frame_transform(c0: Tensor, c1: Tensor, m: Tensor, T0: Tensor, T: Tensor) -
 
 # The native frame transform as custom operators: compiled graphs call them whole.
 @torch.library.custom_op("geoattn::frame_transform", mutates_args=())
-def _frame_transform_op(c0: Tensor, c1: Tensor, m: Tensor, t0: Tensor, table: Tensor) -> Tensor:
-    tensors = (x.contiguous() for x in (c0, c1, m, t0, table))
-    return native.cpu_kernels().frame_forward(*tensors, NORM_EPS)
+def _frame_transform_op(frames: Tensor, m: Tensor, t0: Tensor, table: Tensor, vec: int) -> Tensor:
+    tensors = (x.contiguous() for x in (frames, m, t0, table))
+    return native.cpu_kernels().frame_forward(*tensors, NORM_EPS, vec)
 
 
 @_frame_transform_op.register_fake
-def _(c0, c1, m, t0, table):
+def _(frames, m, t0, table, vec):
     return torch.empty_like(m, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("geoattn::frame_transform_backward", mutates_args=())
 def _frame_transform_backward_op(
-    c0: Tensor, c1: Tensor, m: Tensor, t0: Tensor, table: Tensor, grad_out: Tensor
+    frames: Tensor, m: Tensor, t0: Tensor, table: Tensor, grad_out: Tensor, vec: int
 ) -> list[Tensor]:
-    tensors = (x.contiguous() for x in (c0, c1, m, t0, table, grad_out))
-    return list(native.cpu_kernels().frame_backward(*tensors, NORM_EPS))
+    tensors = (x.contiguous() for x in (frames, m, t0, table, grad_out))
+    return list(native.cpu_kernels().frame_backward(*tensors, NORM_EPS, vec))
 
 
 @_frame_transform_backward_op.register_fake
-def _(c0, c1, m, t0, table, grad_out):
-    return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in (c0, c1, m)]
+def _(frames, m, t0, table, grad_out, vec):
+    return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in (frames, m)]
 
 
 def _frame_transform_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
+    frames, m, t0, table, vec = inputs
+    ctx.vec = vec
+    ctx.save_for_backward(frames, m, t0, table)
 
 
 def _frame_transform_grad(ctx, grad_out):
-    g_c0, g_c1, g_m = torch.ops.geoattn.frame_transform_backward(*ctx.saved_tensors, grad_out)
-    return g_c0, g_c1, g_m, None, None
+    g_frames, g_m = torch.ops.geoattn.frame_transform_backward(*ctx.saved_tensors, grad_out, ctx.vec)
+    return g_frames, g_m, None, None, None
 
 
 _frame_transform_op.register_autograd(_frame_transform_grad, setup_context=_frame_transform_setup)
@@ -840,6 +843,6 @@ def _frame(q, k, v, algebra, causal, key_mask) -> Tensor:
         lambda: tuple(t.to(q.device, q.dtype) for t in _rotation_action_table(algebra)),
     )
     vec = algebra.grade_slice(1)
-    local = _frame_transform(k[..., 0, vec], k[..., 1, vec], v, T0, Tt)  # into the key frames
+    local = _frame_transform(k, v, T0, Tt, vec)  # into the key frames
     agg = _plain_attention(q, k, local.flatten(-2), algebra, causal, key_mask)
-    return _frame_transform(q[..., 0, vec], q[..., 1, vec], agg.view(B, H, N, Cv, dim), T0, T)
+    return _frame_transform(q, agg.view(B, H, N, Cv, dim), T0, T, vec)

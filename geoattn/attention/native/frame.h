@@ -8,7 +8,8 @@
 //     M = T0 + Σ_a axes_a T_a            (axes = [x y z], T0 (8, 8), T (9, 64): the action table)
 //     out_c = m_c M                      (each of the Cv multivectors m_c, row vectors of 8)
 //
-// Layouts: c0, c1 (P, 3), m (P, Cv, 8), contiguous, P = B·H·N tokens; T0 (8, 8), T (9, 64).
+// Layouts: frames (P, C, 8), the tokens' multivectors whose channels 0 and 1 give c0 and c1 (their
+// coordinates vec, vec + 1, vec + 2), m (P, Cv, 8), contiguous, P = B·H·N tokens; T0 (8, 8), T (9, 64).
 
 #pragma once
 
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace frame {
@@ -59,14 +61,31 @@ inline Axes<T> axes(const T* c0, const T* c1, T eps) {
   return f;
 }
 
-// M = T0 + Σ_a axes_a T_a, (8, 8) row-major
+// The action table's nonzero entries: each axis coordinate feeds two of M's 64 entries in Cl(3), so
+// M is built from these lists; the products with M are dense 8 × 8 ones with fixed trip counts,
+// which the compiler keeps in registers and vectorises.
 template <typename T>
-inline void action(const Axes<T>& f, const T* t0, const T* tab, T* m) {
-  const T a[9] = {f.x[0], f.x[1], f.x[2], f.y[0], f.y[1], f.y[2], f.z[0], f.z[1], f.z[2]};
-  for (int e = 0; e < 64; ++e) m[e] = t0[e];
-  for (int k = 0; k < 9; ++k)
-    for (int e = 0; e < 64; ++e) m[e] += a[k] * tab[k * 64 + e];
-}
+struct Sparse {
+  std::vector<int> slot[9];  // per axis coordinate a: the entries e = 8 i + j of M it feeds …
+  std::vector<T> weight[9];  // … and with which coefficient of T
+
+  Sparse(const T* tab) {
+    for (int a = 0; a < 9; ++a)
+      for (int e = 0; e < 64; ++e)
+        if (tab[a * 64 + e] != T(0)) {
+          slot[a].push_back(e);
+          weight[a].push_back(tab[a * 64 + e]);
+        }
+  }
+
+  // M = T0 + Σ_a axes_a T_a, (8, 8) row-major
+  void action(const Axes<T>& f, const T* t0, T* m) const {
+    const T a[9] = {f.x[0], f.x[1], f.x[2], f.y[0], f.y[1], f.y[2], f.z[0], f.z[1], f.z[2]};
+    for (int e = 0; e < 64; ++e) m[e] = t0[e];
+    for (int k = 0; k < 9; ++k)
+      for (size_t u = 0; u < slot[k].size(); ++u) m[slot[k][u]] += a[k] * weight[k][u];
+  }
+};
 
 // g ← ∂/∂u of u / max(|u|, ε) applied to the upstream g (u/n the normalised vector, n its norm)
 template <typename T>
@@ -75,50 +94,84 @@ inline void unnormalise(const T* unit, T n, bool radial, T* g) {
   for (int i = 0; i < 3; ++i) g[i] = (g[i] - along * unit[i]) / n;
 }
 
+// Eight coordinates of a multivector as one SIMD value: a row times M is then eight broadcast
+// multiply-adds, Σ_i row_i M_i (M_i the rows of M).
+// (per type: GCC ignores vector_size on a dependent alias)
 template <typename T>
-void forward_impl(const T* c0, const T* c1, const T* m, const T* t0, const T* tab, T* out, int64_t p,
-                  int64_t cv, T eps) {
+struct Vec8;
+template <>
+struct Vec8<float> {
+  typedef float type __attribute__((vector_size(32)));
+};
+template <>
+struct Vec8<double> {
+  typedef double type __attribute__((vector_size(64)));
+};
+template <typename T>
+using Lanes8 = typename Vec8<T>::type;
+
+template <typename T>
+inline Lanes8<T> load8(const T* p) {
+  Lanes8<T> x;
+  std::memcpy(&x, p, sizeof(x));
+  return x;
+}
+
+template <typename T>
+inline void store8(T* p, Lanes8<T> x) {
+  std::memcpy(p, &x, sizeof(x));
+}
+
+// x M for the row vector x (8) and M given by its rows
+template <typename T>
+inline Lanes8<T> times(const T* x, const Lanes8<T>* rows) {
+  Lanes8<T> acc = rows[0] * x[0];
+  for (int i = 1; i < 8; ++i) acc += rows[i] * x[i];
+  return acc;
+}
+
+template <typename T>
+void forward_impl(const T* frames, int64_t c, int64_t vec, const T* m, const T* t0, const Sparse<T>& sp, T* out,
+                  int64_t p, int64_t cv, T eps) {
   at::parallel_for(0, p, 64, [&](int64_t begin, int64_t end) {
     T mat[64];
+    Lanes8<T> rows[8];
     for (int64_t t = begin; t < end; ++t) {
-      action(axes(c0 + 3 * t, c1 + 3 * t, eps), t0, tab, mat);
-      for (int64_t c = 0; c < cv; ++c) {
-        const T* row = m + (t * cv + c) * 8;
-        T* o = out + (t * cv + c) * 8;
-        for (int j = 0; j < 8; ++j) o[j] = 0;
-        for (int i = 0; i < 8; ++i)
-          for (int j = 0; j < 8; ++j) o[j] += row[i] * mat[i * 8 + j];
-      }
+      const T* c0 = frames + t * c * 8 + vec;
+      sp.action(axes(c0, c0 + 8, eps), t0, mat);
+      for (int i = 0; i < 8; ++i) rows[i] = load8(mat + 8 * i);
+      for (int64_t ch = 0; ch < cv; ++ch)  // out_c = m_c M
+        store8(out + (t * cv + ch) * 8, times(m + (t * cv + ch) * 8, rows));
     }
   });
 }
 
 template <typename T>
-void backward_impl(const T* c0, const T* c1, const T* m, const T* t0, const T* tab, const T* g_out,
-                   T* g_c0, T* g_c1, T* g_m, int64_t p, int64_t cv, T eps) {
+void backward_impl(const T* frames, int64_t c, int64_t vec, const T* m, const T* t0, const Sparse<T>& sp,
+                   const T* g_out, T* g_frames, T* g_m, int64_t p, int64_t cv, T eps) {
   at::parallel_for(0, p, 64, [&](int64_t begin, int64_t end) {
-    T mat[64], g_mat[64];
+    T mat[64], mat_t[64], g_mat[64];
+    Lanes8<T> cols[8], g_rows[8];
     for (int64_t t = begin; t < end; ++t) {
-      const Axes<T> f = axes(c0 + 3 * t, c1 + 3 * t, eps);
-      action(f, t0, tab, mat);
-      for (int e = 0; e < 64; ++e) g_mat[e] = 0;
-      for (int64_t c = 0; c < cv; ++c) {  // ∂m_c = ∂out_c Mᵀ, ∂M = Σ_c m_cᵀ ∂out_c
-        const T* row = m + (t * cv + c) * 8;
-        const T* go = g_out + (t * cv + c) * 8;
-        T* gm = g_m + (t * cv + c) * 8;
-        for (int i = 0; i < 8; ++i) {
-          T acc = 0;
-          for (int j = 0; j < 8; ++j) {
-            acc += go[j] * mat[i * 8 + j];
-            g_mat[i * 8 + j] += row[i] * go[j];
-          }
-          gm[i] = acc;
-        }
+      const T* cc0 = frames + t * c * 8 + vec;
+      const T* cc1 = cc0 + 8;
+      const Axes<T> f = axes(cc0, cc1, eps);
+      sp.action(f, t0, mat);
+      for (int i = 0; i < 8; ++i)
+        for (int j = 0; j < 8; ++j) mat_t[j * 8 + i] = mat[i * 8 + j];
+      for (int j = 0; j < 8; ++j) cols[j] = load8(mat_t + 8 * j), g_rows[j] = Lanes8<T>{};
+      for (int64_t ch = 0; ch < cv; ++ch) {  // ∂m_c = ∂out_c Mᵀ, ∂M = Σ_c m_cᵀ ∂out_c
+        const T* row = m + (t * cv + ch) * 8;
+        const T* go = g_out + (t * cv + ch) * 8;
+        store8(g_m + (t * cv + ch) * 8, times(go, cols));
+        const Lanes8<T> go8 = load8(go);
+        for (int i = 0; i < 8; ++i) g_rows[i] += go8 * row[i];
       }
+      for (int i = 0; i < 8; ++i) store8(g_mat + 8 * i, g_rows[i]);
       T ga[9];  // ∂axes_a = ⟨T_a, ∂M⟩
       for (int k = 0; k < 9; ++k) {
         T acc = 0;
-        for (int e = 0; e < 64; ++e) acc += tab[k * 64 + e] * g_mat[e];
+        for (size_t u = 0; u < sp.slot[k].size(); ++u) acc += sp.weight[k][u] * g_mat[sp.slot[k][u]];
         ga[k] = acc;
       }
       T gx[3] = {ga[0], ga[1], ga[2]}, gy[3] = {ga[3], ga[4], ga[5]};
@@ -129,57 +182,59 @@ void backward_impl(const T* c0, const T* c1, const T* m, const T* t0, const T* t
       cross3(gz, f.x, tmp);
       for (int i = 0; i < 3; ++i) gy[i] += tmp[i];
       unnormalise(f.y, f.ny, f.ry, gy);  // now ∂y'
-      const T* cc1 = c1 + 3 * t;
       const T s = dot3(cc1, f.x), xg = dot3(f.x, gy);
-      T* gc1 = g_c1 + 3 * t;
+      T* gc0 = g_frames + t * c * 8 + vec;  // the rest of g_frames stays 0
+      T* gc1 = gc0 + 8;
       for (int i = 0; i < 3; ++i) {  // y' = c1 − ⟨c1, x⟩ x
         gc1[i] = gy[i] - xg * f.x[i];
         gx[i] -= xg * cc1[i] + s * gy[i];
       }
       unnormalise(f.x, f.nx, f.rx, gx);
-      for (int i = 0; i < 3; ++i) g_c0[3 * t + i] = gx[i];
+      for (int i = 0; i < 3; ++i) gc0[i] = gx[i];
     }
   });
 }
 
-inline void check_frame(const torch::Tensor& c0, const torch::Tensor& c1, const torch::Tensor& m,
-                        const torch::Tensor& t0, const torch::Tensor& tab) {
-  for (const auto* t : {&c0, &c1, &m, &t0, &tab})
-    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->scalar_type() == c0.scalar_type(),
+inline void check_frame(const torch::Tensor& frames, const torch::Tensor& m, const torch::Tensor& t0,
+                        const torch::Tensor& tab, int64_t vec) {
+  for (const auto* t : {&frames, &m, &t0, &tab})
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->scalar_type() == m.scalar_type(),
                 "frame_transform: expected contiguous CPU tensors of one dtype");
-  TORCH_CHECK(c0.dim() == 2 && c0.size(1) == 3 && c1.sizes() == c0.sizes(), "frame_transform: c0, c1 (P, 3)");
-  TORCH_CHECK(m.dim() == 3 && m.size(0) == c0.size(0) && m.size(2) == 8, "frame_transform: m (P, Cv, 8)");
+  TORCH_CHECK(frames.dim() == 3 && frames.size(1) >= 2 && frames.size(2) == 8 && vec >= 0 && vec + 3 <= 8,
+              "frame_transform: frames (P, C >= 2, 8), vector coordinates vec … vec + 2");
+  TORCH_CHECK(m.dim() == 3 && m.size(0) == frames.size(0) && m.size(2) == 8, "frame_transform: m (P, Cv, 8)");
   TORCH_CHECK(t0.numel() == 64 && tab.numel() == 9 * 64, "frame_transform: T0 (8, 8), T (9, 64)");
 }
 
 }  // namespace frame
 
-// c0, c1 (P, 3), m (P, Cv, 8), T0 (8, 8), T (9, 64) → out (P, Cv, 8)
-inline torch::Tensor frame_forward(torch::Tensor c0, torch::Tensor c1, torch::Tensor m, torch::Tensor t0,
-                                   torch::Tensor tab, double eps) {
-  frame::check_frame(c0, c1, m, t0, tab);
+// frames (P, C, 8), m (P, Cv, 8), T0 (8, 8), T (9, 64) → out (P, Cv, 8)
+inline torch::Tensor frame_forward(torch::Tensor frames, torch::Tensor m, torch::Tensor t0, torch::Tensor tab,
+                                   double eps, int64_t vec) {
+  frame::check_frame(frames, m, t0, tab, vec);
   auto out = torch::empty_like(m);
   AT_DISPATCH_FLOATING_TYPES(m.scalar_type(), "frame_forward", [&] {
-    frame::forward_impl<scalar_t>(c0.data_ptr<scalar_t>(), c1.data_ptr<scalar_t>(), m.data_ptr<scalar_t>(),
-                                  t0.data_ptr<scalar_t>(), tab.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                                  m.size(0), m.size(1), static_cast<scalar_t>(eps));
+    const frame::Sparse<scalar_t> sp(tab.data_ptr<scalar_t>());
+    frame::forward_impl<scalar_t>(frames.data_ptr<scalar_t>(), frames.size(1), vec, m.data_ptr<scalar_t>(),
+                                  t0.data_ptr<scalar_t>(), sp, out.data_ptr<scalar_t>(), m.size(0), m.size(1),
+                                  static_cast<scalar_t>(eps));
   });
   return out;
 }
 
-// … and grad_out (P, Cv, 8) → (∂c0, ∂c1, ∂m)
-inline std::vector<torch::Tensor> frame_backward(torch::Tensor c0, torch::Tensor c1, torch::Tensor m,
-                                                 torch::Tensor t0, torch::Tensor tab, torch::Tensor grad_out,
-                                                 double eps) {
-  frame::check_frame(c0, c1, m, t0, tab);
+// … and grad_out (P, Cv, 8) → (∂frames (nonzero at the two channels' vector coordinates), ∂m)
+inline std::vector<torch::Tensor> frame_backward(torch::Tensor frames, torch::Tensor m, torch::Tensor t0,
+                                                 torch::Tensor tab, torch::Tensor grad_out, double eps,
+                                                 int64_t vec) {
+  frame::check_frame(frames, m, t0, tab, vec);
   TORCH_CHECK(grad_out.sizes() == m.sizes() && grad_out.is_contiguous(), "frame_backward: grad_out like m");
-  auto g_c0 = torch::empty_like(c0), g_c1 = torch::empty_like(c1), g_m = torch::empty_like(m);
+  auto g_frames = torch::zeros_like(frames), g_m = torch::empty_like(m);
   AT_DISPATCH_FLOATING_TYPES(m.scalar_type(), "frame_backward", [&] {
-    frame::backward_impl<scalar_t>(c0.data_ptr<scalar_t>(), c1.data_ptr<scalar_t>(), m.data_ptr<scalar_t>(),
-                                   t0.data_ptr<scalar_t>(), tab.data_ptr<scalar_t>(),
-                                   grad_out.data_ptr<scalar_t>(), g_c0.data_ptr<scalar_t>(),
-                                   g_c1.data_ptr<scalar_t>(), g_m.data_ptr<scalar_t>(), m.size(0), m.size(1),
+    const frame::Sparse<scalar_t> sp(tab.data_ptr<scalar_t>());
+    frame::backward_impl<scalar_t>(frames.data_ptr<scalar_t>(), frames.size(1), vec, m.data_ptr<scalar_t>(),
+                                   t0.data_ptr<scalar_t>(), sp, grad_out.data_ptr<scalar_t>(),
+                                   g_frames.data_ptr<scalar_t>(), g_m.data_ptr<scalar_t>(), m.size(0), m.size(1),
                                    static_cast<scalar_t>(eps));
   });
-  return {g_c0, g_c1, g_m};
+  return {g_frames, g_m};
 }
