@@ -249,3 +249,20 @@ def test_the_frame_head_takes_the_native_transform():
     names = [e.name for e in prof.events()]
     assert names.count("geoattn::frame_transform") == 2
     assert names.count("geoattn::frame_transform_backward") == 2
+
+
+def test_a_stale_build_lock_is_cleared(tmp_path):
+    """An interrupted build leaves torch's lock file: an old one is removed (later processes would
+    wait for it forever), a fresh one (a build under way elsewhere) is kept."""
+    import os
+    import time
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    native._clear_stale_lock(tmp_path)
+    assert lock.exists()
+    old = time.time() - native._STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    native._clear_stale_lock(tmp_path)
+    assert not lock.exists()
+    native._clear_stale_lock(tmp_path)  # nothing there: no error

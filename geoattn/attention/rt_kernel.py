@@ -1067,7 +1067,8 @@ _PATHS = {
 def _choose_path(backend, structure, device, batch_heads, n, params, causal, default_times=False) -> str:
     """The path of `_PATHS`, from static facts only (never from the values of a tensor). On the CPU
     with the default times, the native kernel (`geoattn.attention.native`, a constant of the process)
-    serves every structure and length: it is exact for all parameters and faster than the rest."""
+    serves every structure and length: exact for all parameters, level with the dense tile at
+    N = 64 and faster than every other path beyond (BENCHMARKS.md)."""
     if backend != "auto":
         return backend
     if default_times and device.type == "cpu" and native.available():

@@ -21,6 +21,7 @@ import hashlib
 import os
 import platform
 import sys
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -61,6 +62,7 @@ def _build() -> ModuleType | None:
 
         folder = _cache_folder()
         folder.mkdir(parents=True, exist_ok=True)
+        _clear_stale_lock(folder)
         if not any(folder.glob(f"{_NAME}*.so")):
             print("geoattn: compiling the native CPU kernels (once per machine)", file=sys.stderr)
         return load(
@@ -78,6 +80,20 @@ def _build() -> ModuleType | None:
             stacklevel=3,
         )
         return None
+
+
+# torch's build lock: a build interrupted (Ctrl-C, a killed job) leaves it behind, and every later
+# process would wait for it forever. A build takes about a minute; an older lock is stale.
+_STALE_LOCK_S = 600
+
+
+def _clear_stale_lock(folder: Path) -> None:
+    lock = folder / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def _cache_folder() -> Path:
