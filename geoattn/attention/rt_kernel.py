@@ -1105,6 +1105,8 @@ def _validate(q, k, v, mu_r, sigma_t2, eta_t2, beta, omega, positions, backend, 
         raise ValueError(
             f"the head dimension D must be even for the pair rotation, got q of shape {_shape(q)}"
         )
+    if n == 0 or d == 0:
+        raise ValueError(f"q, k, v need at least one token and D > 0, got q of shape {_shape(q)}")
     params = (mu_r, sigma_t2, eta_t2, beta)
     for name, p in zip(("mu_r", "sigma_t2", "eta_t2", "beta"), params):
         if not isinstance(p, Tensor) or p.shape != (h,):
