@@ -44,16 +44,20 @@ inline void cross3(const T* a, const T* b, T* out) {
   out[2] = a[0] * b[1] - a[1] * b[0];
 }
 
+// The frame in double whatever T (a few dozen operations per token): M is then the correctly
+// rounded action of the exact frame, so a float32 frame head breaks its symmetry by no more than
+// the tensor form does.
 template <typename T>
-inline Axes<T> axes(const T* c0, const T* c1, T eps) {
-  Axes<T> f;
-  const T n0 = std::sqrt(dot3(c0, c0));
+inline Axes<double> axes(const T* c0_, const T* c1_, double eps) {
+  const double c0[3] = {c0_[0], c0_[1], c0_[2]}, c1[3] = {c1_[0], c1_[1], c1_[2]};
+  Axes<double> f;
+  const double n0 = std::sqrt(dot3(c0, c0));
   f.rx = n0 > eps;
   f.nx = f.rx ? n0 : eps;
   for (int i = 0; i < 3; ++i) f.x[i] = c0[i] / f.nx;
-  const T s = dot3(c1, f.x);
+  const double s = dot3(c1, f.x);
   for (int i = 0; i < 3; ++i) f.yp[i] = c1[i] - s * f.x[i];
-  const T n1 = std::sqrt(dot3(f.yp, f.yp));
+  const double n1 = std::sqrt(dot3(f.yp, f.yp));
   f.ry = n1 > eps;
   f.ny = f.ry ? n1 : eps;
   for (int i = 0; i < 3; ++i) f.y[i] = f.yp[i] / f.ny;
@@ -78,12 +82,14 @@ struct Sparse {
         }
   }
 
-  // M = T0 + Σ_a axes_a T_a, (8, 8) row-major
-  void action(const Axes<T>& f, const T* t0, T* m) const {
-    const T a[9] = {f.x[0], f.x[1], f.x[2], f.y[0], f.y[1], f.y[2], f.z[0], f.z[1], f.z[2]};
-    for (int e = 0; e < 64; ++e) m[e] = t0[e];
+  // M = T0 + Σ_a axes_a T_a, (8, 8) row-major, rounded once to T from the frame in double
+  void action(const Axes<double>& f, const T* t0, T* m) const {
+    const double a[9] = {f.x[0], f.x[1], f.x[2], f.y[0], f.y[1], f.y[2], f.z[0], f.z[1], f.z[2]};
+    double acc[64];
+    for (int e = 0; e < 64; ++e) acc[e] = t0[e];
     for (int k = 0; k < 9; ++k)
-      for (size_t u = 0; u < slot[k].size(); ++u) m[slot[k][u]] += a[k] * weight[k][u];
+      for (size_t u = 0; u < slot[k].size(); ++u) acc[slot[k][u]] += a[k] * weight[k][u];
+    for (int e = 0; e < 64; ++e) m[e] = static_cast<T>(acc[e]);
   }
 };
 
@@ -138,7 +144,7 @@ void forward_impl(const T* frames, int64_t c, int64_t vec, const T* m, const T* 
     Lanes8<T> rows[8];
     for (int64_t t = begin; t < end; ++t) {
       const T* c0 = frames + t * c * 8 + vec;
-      sp.action(axes(c0, c0 + 8, eps), t0, mat);
+      sp.action(axes(c0, c0 + 8, static_cast<double>(eps)), t0, mat);
       for (int i = 0; i < 8; ++i) rows[i] = load8(mat + 8 * i);
       for (int64_t ch = 0; ch < cv; ++ch)  // out_c = m_c M
         store8(out + (t * cv + ch) * 8, times(m + (t * cv + ch) * 8, rows));
@@ -155,7 +161,7 @@ void backward_impl(const T* frames, int64_t c, int64_t vec, const T* m, const T*
     for (int64_t t = begin; t < end; ++t) {
       const T* cc0 = frames + t * c * 8 + vec;
       const T* cc1 = cc0 + 8;
-      const Axes<T> f = axes(cc0, cc1, eps);
+      const Axes<double> f = axes(cc0, cc1, static_cast<double>(eps));
       sp.action(f, t0, mat);
       for (int i = 0; i < 8; ++i)
         for (int j = 0; j < 8; ++j) mat_t[j * 8 + i] = mat[i * 8 + j];
@@ -168,29 +174,30 @@ void backward_impl(const T* frames, int64_t c, int64_t vec, const T* m, const T*
         for (int i = 0; i < 8; ++i) g_rows[i] += go8 * row[i];
       }
       for (int i = 0; i < 8; ++i) store8(g_mat + 8 * i, g_rows[i]);
-      T ga[9];  // ∂axes_a = ⟨T_a, ∂M⟩
+      double ga[9];  // ∂axes_a = ⟨T_a, ∂M⟩, and the frame's backward in double like its forward
       for (int k = 0; k < 9; ++k) {
-        T acc = 0;
+        double acc = 0;
         for (size_t u = 0; u < sp.slot[k].size(); ++u) acc += sp.weight[k][u] * g_mat[sp.slot[k][u]];
         ga[k] = acc;
       }
-      T gx[3] = {ga[0], ga[1], ga[2]}, gy[3] = {ga[3], ga[4], ga[5]};
-      const T* gz = ga + 6;
-      T tmp[3];
+      double gx[3] = {ga[0], ga[1], ga[2]}, gy[3] = {ga[3], ga[4], ga[5]};
+      const double* gz = ga + 6;
+      double tmp[3];
       cross3(f.y, gz, tmp);  // z = x × y: ∂x += y × ∂z, ∂y += ∂z × x
       for (int i = 0; i < 3; ++i) gx[i] += tmp[i];
       cross3(gz, f.x, tmp);
       for (int i = 0; i < 3; ++i) gy[i] += tmp[i];
       unnormalise(f.y, f.ny, f.ry, gy);  // now ∂y'
-      const T s = dot3(cc1, f.x), xg = dot3(f.x, gy);
+      const double c1d[3] = {cc1[0], cc1[1], cc1[2]};
+      const double s = dot3(c1d, f.x), xg = dot3(f.x, gy);
       T* gc0 = g_frames + t * c * 8 + vec;  // the rest of g_frames stays 0
       T* gc1 = gc0 + 8;
       for (int i = 0; i < 3; ++i) {  // y' = c1 − ⟨c1, x⟩ x
-        gc1[i] = gy[i] - xg * f.x[i];
-        gx[i] -= xg * cc1[i] + s * gy[i];
+        gc1[i] = static_cast<T>(gy[i] - xg * f.x[i]);
+        gx[i] -= xg * c1d[i] + s * gy[i];
       }
       unnormalise(f.x, f.nx, f.rx, gx);
-      for (int i = 0; i < 3; ++i) gc0[i] = gx[i];
+      for (int i = 0; i < 3; ++i) gc0[i] = static_cast<T>(gx[i]);
     }
   });
 }
