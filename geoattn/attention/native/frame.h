@@ -24,21 +24,18 @@
 
 namespace frame {
 
-template <typename T>
+// The frame of one token, in double whatever the tensors' dtype (see `axes`).
 struct Axes {
-  T x[3], y[3], z[3];  // the frame
-  T yp[3];             // y' before its normalisation
-  T nx, ny;            // max(|c0|, ε), max(|y'|, ε)
-  bool rx, ry;         // whether each norm is |·| itself (not the clamp): its radial derivative
+  double x[3], y[3], z[3];  // the frame
+  double nx, ny;            // max(|c0|, ε), max(|y'|, ε)
+  bool rx, ry;              // whether each norm is |·| itself (not the clamp): its radial derivative
 };
 
-template <typename T>
-inline T dot3(const T* a, const T* b) {
+inline double dot3(const double* a, const double* b) {
   return a[0] * b[0] + a[1] * b[1] + a[2] * b[2];
 }
 
-template <typename T>
-inline void cross3(const T* a, const T* b, T* out) {
+inline void cross3(const double* a, const double* b, double* out) {
   out[0] = a[1] * b[2] - a[2] * b[1];
   out[1] = a[2] * b[0] - a[0] * b[2];
   out[2] = a[0] * b[1] - a[1] * b[0];
@@ -48,19 +45,20 @@ inline void cross3(const T* a, const T* b, T* out) {
 // rounded action of the exact frame, so a float32 frame head breaks its symmetry by no more than
 // the tensor form does.
 template <typename T>
-inline Axes<double> axes(const T* c0_, const T* c1_, double eps) {
+inline Axes axes(const T* c0_, const T* c1_, double eps) {
   const double c0[3] = {c0_[0], c0_[1], c0_[2]}, c1[3] = {c1_[0], c1_[1], c1_[2]};
-  Axes<double> f;
+  Axes f;
   const double n0 = std::sqrt(dot3(c0, c0));
   f.rx = n0 > eps;
   f.nx = f.rx ? n0 : eps;
   for (int i = 0; i < 3; ++i) f.x[i] = c0[i] / f.nx;
   const double s = dot3(c1, f.x);
-  for (int i = 0; i < 3; ++i) f.yp[i] = c1[i] - s * f.x[i];
-  const double n1 = std::sqrt(dot3(f.yp, f.yp));
+  double yp[3];  // y' before its normalisation
+  for (int i = 0; i < 3; ++i) yp[i] = c1[i] - s * f.x[i];
+  const double n1 = std::sqrt(dot3(yp, yp));
   f.ry = n1 > eps;
   f.ny = f.ry ? n1 : eps;
-  for (int i = 0; i < 3; ++i) f.y[i] = f.yp[i] / f.ny;
+  for (int i = 0; i < 3; ++i) f.y[i] = yp[i] / f.ny;
   cross3(f.x, f.y, f.z);
   return f;
 }
@@ -83,7 +81,7 @@ struct Sparse {
   }
 
   // M = T0 + Σ_a axes_a T_a, (8, 8) row-major, rounded once to T from the frame in double
-  void action(const Axes<double>& f, const T* t0, T* m) const {
+  void action(const Axes& f, const T* t0, T* m) const {
     const double a[9] = {f.x[0], f.x[1], f.x[2], f.y[0], f.y[1], f.y[2], f.z[0], f.z[1], f.z[2]};
     double acc[64];
     for (int e = 0; e < 64; ++e) acc[e] = t0[e];
@@ -94,9 +92,8 @@ struct Sparse {
 };
 
 // g ← ∂/∂u of u / max(|u|, ε) applied to the upstream g (u/n the normalised vector, n its norm)
-template <typename T>
-inline void unnormalise(const T* unit, T n, bool radial, T* g) {
-  const T along = radial ? dot3(g, unit) : T(0);
+inline void unnormalise(const double* unit, double n, bool radial, double* g) {
+  const double along = radial ? dot3(g, unit) : 0.0;
   for (int i = 0; i < 3; ++i) g[i] = (g[i] - along * unit[i]) / n;
 }
 
@@ -161,7 +158,7 @@ void backward_impl(const T* frames, int64_t c, int64_t vec, const T* m, const T*
     for (int64_t t = begin; t < end; ++t) {
       const T* cc0 = frames + t * c * 8 + vec;
       const T* cc1 = cc0 + 8;
-      const Axes<double> f = axes(cc0, cc1, static_cast<double>(eps));
+      const Axes f = axes(cc0, cc1, static_cast<double>(eps));
       sp.action(f, t0, mat);
       for (int i = 0; i < 8; ++i)
         for (int j = 0; j < 8; ++j) mat_t[j * 8 + i] = mat[i * 8 + j];
