@@ -57,39 +57,55 @@ def _run(backend, dtype, regime, causal, **kw):
 
 
 class _Calls:
-    """Counts the native kernel's forward and backward calls."""
+    """Counts the native kernel's forward and backward calls, per entry point: ``lag`` (`rt_lag.h`,
+    on prepared q, k, v) and ``qkv`` (`rt_qkv.h`, from the fused projection)."""
 
     def __init__(self, monkeypatch):
-        self.forward = self.backward = 0
+        self.counts = {"lag": [0, 0], "qkv": [0, 0]}
         module = native.cpu_kernels()
         spy = self
 
         class Spy:
-            def rt_lag_forward(self, *args):
-                spy.forward += 1
-                return module.rt_lag_forward(*args)
-
-            def rt_lag_backward(self, *args):
-                spy.backward += 1
-                return module.rt_lag_backward(*args)
+            def __getattr__(self, name):
+                entry, direction = name.removeprefix("rt_").split("_")
+                spy.counts[entry][direction == "backward"] += 1
+                return getattr(module, name)
 
         monkeypatch.setattr(native, "cpu_kernels", lambda: Spy())
+
+    def __getitem__(self, entry: str) -> tuple[int, int]:
+        return tuple(self.counts[entry])
+
+
+def _python_kernels(monkeypatch) -> None:
+    """The Python blockwise loops instead of both native entry points."""
+    monkeypatch.setattr(rt, "_native_kernel", lambda qh, params: None)
+    monkeypatch.setattr(rt, "_fused_native", lambda qkv, omega: False)
+
+
+def _lag_entry(monkeypatch) -> None:
+    """The native kernel on prepared q, k, v (`rt_lag.h`) instead of the fused entry (`rt_qkv.h`)."""
+    monkeypatch.setattr(rt, "_fused_native", lambda qkv, omega: False)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("regime", ["general", "separable", "tied", "fast"])
 @pytest.mark.parametrize("blocks", [(64, 256), (16, 24)], ids=["default-blocks", "many-blocks"])
-def test_native_kernel_matches_reference(regime, causal, blocks, monkeypatch):
+@pytest.mark.parametrize("entry", ["qkv", "lag"])
+def test_native_kernel_matches_reference(entry, regime, causal, blocks, monkeypatch):
     """float64, every regime (μ_r = 0, σ_t² = 0, the tied family), N = 150 not a multiple of the
-    blocks: values and the gradients of q, k, v and all four parameters equal the reference's to
-    rounding. "fast": a decay whose far lags (2 μ_r Δt up to 900) overflow the reference's plain
-    ``c``; there the oracle is the Python blockwise kernel, whose table takes ``log c`` in log space."""
+    blocks, both entry points: values and the gradients of q, k, v and all four parameters equal
+    the reference's to rounding. "fast": a decay whose far lags (2 μ_r Δt up to 900) overflow the
+    reference's plain ``c``; there the oracle is the Python blockwise kernel, whose table takes
+    ``log c`` in log space."""
     monkeypatch.setattr(rt, "NATIVE_BLOCKS", blocks)
+    if entry == "lag":
+        _lag_entry(monkeypatch)
     calls = _Calls(monkeypatch)
     out, grads = _run("blockwise", F64, regime, causal)
-    assert (calls.forward, calls.backward) == (1, 1)
+    assert calls[entry] == (1, 1) and sum(calls["qkv" if entry == "lag" else "lag"]) == 0
     if regime == "fast":
-        monkeypatch.setattr(rt, "_native_kernel", lambda qh, params: None)
+        _python_kernels(monkeypatch)
     ref, ref_grads = _run("blockwise" if regime == "fast" else "reference", F64, regime, causal)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     for name, g, g_ref in zip(("q", "k", "v", "mu_r", "sigma_t2", "eta_t2", "beta"), grads, ref_grads):
@@ -97,13 +113,16 @@ def test_native_kernel_matches_reference(regime, causal, blocks, monkeypatch):
 
 
 @pytest.mark.parametrize("flushed", [True, False], ids=["subnormals-flushed", "subnormals-kept"])
-def test_native_float32_matches_the_python_kernel_and_the_reference(flushed, monkeypatch):
+@pytest.mark.parametrize("entry", ["qkv", "lag"])
+def test_native_float32_matches_the_python_kernel_and_the_reference(entry, flushed, monkeypatch):
     """float32 with wide key magnitudes (sharp weights, factors that would be subnormal): the native
     kernel, the Python blockwise loops and the float64 reference agree, whether or not the CPU flushes
     subnormals (the native kernel flushes below tiny^¾ itself, like `flush_small`)."""
     monkeypatch.setattr(subnormals, "_flushed", flushed)
+    if entry == "lag":
+        _lag_entry(monkeypatch)
     out, grads = _run("blockwise", F32, "general", True, spread=12.0)
-    monkeypatch.setattr(rt, "_native_kernel", lambda qh, params: None)
+    _python_kernels(monkeypatch)
     py_out, py_grads = _run("blockwise", F32, "general", True, spread=12.0)
     ref, ref_grads = _run("reference", F64, "general", True, spread=12.0)
     torch.testing.assert_close(out, py_out, rtol=1e-5, atol=1e-5)
@@ -121,10 +140,13 @@ def test_auto_takes_the_native_kernel_for_the_default_times_only(monkeypatch):
     q, k, v, omega = _inputs(n=40)
     for structure in ("general", "separable", "tied"):
         rt_attention(q, k, v, **_params(structure), omega=omega, structure=structure)
-    assert calls.forward == 3
+    assert calls["qkv"] == (3, 0)
     positions = torch.arange(40, dtype=F64) * 0.5
     rt_attention(q, k, v, **_params("general"), omega=omega, positions=positions)
-    assert calls.forward == 3
+    assert calls["qkv"] == (3, 0) and calls["lag"] == (0, 0)
+    # a learned ω: the fused entry leaves its gradient to the Python rotation around the lag entry
+    rt_attention(q, k, v, **_params("general"), omega=omega.clone().requires_grad_())
+    assert calls["qkv"] == (3, 0) and calls["lag"] == (1, 0)
     cpu = torch.device("cpu")
     params = tuple(torch.ones(3) for _ in range(4))
     assert rt._choose_path("auto", "general", cpu, 6, 40, params, True, default_times=True) == "blockwise"
@@ -203,6 +225,64 @@ def test_token_major_inputs_are_read_in_place():
     for a, e in zip(grads, expected):
         assert a.is_contiguous()
         torch.testing.assert_close(a, e, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    ("metric", "key_scale", "normalize_values", "rotation"),
+    [
+        (True, 1.7, True, True),
+        (False, 1.0, True, True),
+        (True, None, True, True),
+        (True, 0.5, False, True),
+        (True, 2.0, True, False),
+    ],
+    ids=["metric", "no-metric", "no-magnitudes", "raw-values", "no-rotation"],
+)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_fused_entry_matches_reference(metric, key_scale, normalize_values, rotation, causal, monkeypatch):
+    """The fused entry (`rt_qkv.h`: normalisation through the metric, key magnitudes, the rotations
+    into and out of the common frame, all in the native call) equals the reference in float64 for
+    every switch of the layers, values and the gradients of qkv, the metric and the four parameters,
+    also with zero rows (the normalisation's clamp) among the queries, keys and values."""
+    monkeypatch.setattr(rt, "NATIVE_BLOCKS", (16, 24))
+    g = torch.Generator().manual_seed(7)
+    b, n, h, d = 2, 90, 3, 8
+    qkv = torch.randn(b, n, 3, h, d, generator=g, dtype=F64)
+    qkv[:, :, 1] *= 0.3 + 3 * torch.rand(b, n, 1, 1, generator=g, dtype=F64)
+    qkv[0, 5], qkv[1, 17, 1], qkv[1, 30, 2, 0] = 0.0, 0.0, 0.0
+    scales = 0.5 + torch.rand(h, d, generator=g, dtype=F64) if metric else None
+    omega = 0.3 * rope_frequencies(d, h).to(F64) if rotation else None
+    weights = torch.randn(b, h, n, d, generator=g, dtype=F64)
+    results = []
+    for backend in ("blockwise", "reference"):
+        calls = _Calls(monkeypatch)
+        params = {name: p.requires_grad_() for name, p in _params("general").items()}
+        leaves = [qkv.clone().requires_grad_(), *params.values()]
+        m = None if scales is None else scales.clone().requires_grad_()
+        out = rt.rt_attention_qkv(
+            leaves[0],
+            metric=m,
+            key_scale=key_scale,
+            **params,
+            omega=omega,
+            causal=causal,
+            backend=backend,
+            normalize_values=normalize_values,
+        )
+        grads = torch.autograd.grad((out * weights).sum(), leaves + ([m] if m is not None else []))
+        results.append((out, grads))
+        assert calls["qkv"] == ((1, 1) if backend == "blockwise" else (0, 0))
+    (out, grads), (ref, ref_grads) = results
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    # a zero row's gradient is its unit's divided by the clamped norm 1e-12: rounding of order 1e-16
+    # in the unit's gradient (summed in another order by each kernel) shows at 1e-4 there, where
+    # those gradients are of order 10
+    zero = (qkv == 0).all(-1, keepdim=True).expand_as(qkv)
+    torch.testing.assert_close(grads[0][zero], ref_grads[0][zero], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(grads[0][~zero], ref_grads[0][~zero], rtol=1e-9, atol=1e-10)
+    for name, a, e in zip(("mu_r", "sigma_t2", "eta_t2", "beta", "metric"), grads[1:], ref_grads[1:]):
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a, e, rtol=1e-9, atol=1e-10, msg=f"gradient of {name}")
 
 
 @pytest.mark.parametrize("degenerate", ["generic", "parallel-channels", "zero-channel"])

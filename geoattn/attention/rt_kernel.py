@@ -245,10 +245,17 @@ def _attention(
         qh, kh, vh, log_m2 = _prepare_reference(qkv, metric, key_scale, angles, normalize)
         out, weights = _reference(qh, kh, vh, log_m2, times, *params, causal)
     else:
-        qh, kh, vh, log_m2 = _prepare(qkv, metric, key_scale, angles, normalize, use_compile)
         path = _choose_path(
             backend, structure, qkv.device, b * h, n, params, causal, default_times=times is None
         )
+        if path == "blockwise" and times is None and _fused_native(qkv, omega):
+            turns = None if angles is None else torch.stack((angles.cos(), angles.sin()), dim=-1)[0]
+            table = _lag_table(n, *params[:3])
+            out = torch.ops.geoattn.rt_qkv(
+                qkv, metric, turns, table, params[3], key_scale, normalize, causal
+            )[0]
+            return out.to(dtype)  # already in each query's frame
+        qh, kh, vh, log_m2 = _prepare(qkv, metric, key_scale, angles, normalize, use_compile)
         args = (qh, kh, vh, log_m2, times, *params, causal, use_compile)
         try:
             out = _PATHS[path](*args)
@@ -889,13 +896,18 @@ def _dot_tile_backward(score_fn, dot, tq, tk, query_scalars, key_scalars, params
 
 def _blockwise(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):
     if times is None:  # the default times: log c(|i − j|) as a relative table of the kernel
-        lags = _noise_lags(qh.shape[-2], mu_r, sigma_t2, eta_t2)  # (H, N)
-        params = [torch.cat((lags[:, 1:].flip(-1), lags), dim=-1), beta]  # (H, 2N − 1)
+        params = [_lag_table(qh.shape[-2], mu_r, sigma_t2, eta_t2), beta]
         times = torch.arange(qh.shape[-2], device=qh.device, dtype=qh.dtype)
     else:
         params = [mu_r, sigma_t2, eta_t2, beta]
     t = times if times.dim() == 2 else times.unsqueeze(0)
     return torch.ops.geoattn.rt_blockwise(qh, kh, vh, log_m2, t, params, causal, use_compile)[0]
+
+
+def _lag_table(n: int, mu_r: Tensor, sigma_t2: Tensor, eta_t2: Tensor) -> Tensor:
+    """``log c`` of the default times as a relative table ``(H, 2N − 1)``, entry ``i − j + N − 1``."""
+    lags = _noise_lags(n, mu_r, sigma_t2, eta_t2)  # (H, N), lags 0 … N − 1
+    return torch.cat((lags[:, 1:].flip(-1), lags), dim=-1)
 
 
 def _tile_functions(params: list[Tensor]):
@@ -1018,6 +1030,105 @@ def _blockwise_grad(ctx, grad_out, grad_lse):
 
 
 _rt_blockwise_op.register_autograd(_blockwise_grad, setup_context=_blockwise_setup)
+
+
+def _fused_native(qkv: Tensor, omega: Tensor | None) -> bool:
+    """Whether `_rt_qkv_op` serves a call of the blockwise path with the default times: on the CPU in
+    float32 or float64 with the native kernels built (a constant of the process) and ω not learned
+    (its gradient is left to the Python rotation). Static facts only."""
+    learned = omega is not None and omega.requires_grad
+    return (
+        qkv.device.type == "cpu"
+        and qkv.dtype in (torch.float32, torch.float64)
+        and not learned
+        and (native.available())
+    )
+
+
+# The native kernel from the fused projection (`geoattn.attention.native`, ``rt_qkv.h``): `_prepare`,
+# the blockwise kernel and the rotation of the output back into each query's frame as one operator.
+@torch.library.custom_op("geoattn::rt_qkv", mutates_args=())
+def _rt_qkv_op(
+    qkv: Tensor,
+    metric: Tensor | None,
+    turns: Tensor | None,
+    table: Tensor,
+    beta: Tensor,
+    key_scale: float | None,
+    normalize_values: bool,
+    causal: bool,
+) -> tuple[Tensor, Tensor]:
+    """``qkv (B, N, 3, H, D)``, ``metric (H, D)``, ``turns (H, N, D/2, 2)`` (``cos θ, sin θ`` of the
+    rotation angles), the lag table ``(H, 2N − 1)`` and ``beta (H,)`` → ``(out (B, H, N, D)`` in
+    each query's frame, ``lse (B, H, N))``."""
+    out, lse = native.cpu_kernels().rt_qkv_forward(
+        *_qkv_inputs(qkv, metric, turns, key_scale, normalize_values),
+        *_contiguous(table, beta),
+        causal,
+        *NATIVE_BLOCKS,
+    )
+    return out, lse
+
+
+def _qkv_inputs(qkv, metric, turns, key_scale, normalize_values) -> tuple:
+    none = qkv.new_empty(0)
+    magnitudes = key_scale is not None
+    return (
+        qkv.contiguous(),
+        none if metric is None else metric.contiguous(),
+        none if turns is None else turns.contiguous(),
+        magnitudes,
+        float(key_scale) if magnitudes else 0.0,
+        normalize_values,
+    )
+
+
+@_rt_qkv_op.register_fake
+def _(qkv, metric, turns, table, beta, key_scale, normalize_values, causal):
+    b, n, _, h, d = qkv.shape
+    return qkv.new_empty(b, h, n, d), qkv.new_empty(b, h, n)
+
+
+@torch.library.custom_op("geoattn::rt_qkv_backward", mutates_args=())
+def _rt_qkv_backward_op(
+    qkv: Tensor,
+    metric: Tensor | None,
+    turns: Tensor | None,
+    table: Tensor,
+    beta: Tensor,
+    key_scale: float | None,
+    normalize_values: bool,
+    causal: bool,
+    out: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+) -> list[Tensor]:
+    """``[∂qkv, ∂metric (empty without a metric), ∂table, ∂beta]``."""
+    inputs = _qkv_inputs(qkv, metric, turns, key_scale, normalize_values)
+    tensors = (*_contiguous(table, beta, out, lse), *_rows(grad_out))
+    return list(native.cpu_kernels().rt_qkv_backward(*inputs, *tensors, causal, *NATIVE_BLOCKS))
+
+
+@_rt_qkv_backward_op.register_fake
+def _(qkv, metric, turns, table, beta, key_scale, normalize_values, causal, out, lse, grad_out):
+    grad_metric = qkv.new_empty(0) if metric is None else torch.empty_like(metric)
+    return [qkv.new_empty(qkv.shape), grad_metric, torch.empty_like(table), torch.empty_like(beta)]
+
+
+def _rt_qkv_setup(ctx, inputs, output):
+    qkv, metric, turns, table, beta, *flags = inputs
+    ctx.flags, ctx.has_metric = flags, metric is not None
+    ctx.save_for_backward(qkv, metric, turns, table, beta, *output)
+
+
+def _rt_qkv_grad(ctx, grad_out, grad_lse):
+    qkv, metric, turns, table, beta, out, lse = ctx.saved_tensors
+    grads = torch.ops.geoattn.rt_qkv_backward(qkv, metric, turns, table, beta, *ctx.flags, out, lse, grad_out)
+    grad_qkv, grad_metric, grad_table, grad_beta = grads
+    return grad_qkv, grad_metric if ctx.has_metric else None, None, grad_table, grad_beta, None, None, None
+
+
+_rt_qkv_op.register_autograd(_rt_qkv_grad, setup_context=_rt_qkv_setup)
 
 
 def _flex(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):

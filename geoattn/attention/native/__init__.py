@@ -5,6 +5,10 @@
   the matmuls in the BLAS torch links and the elementwise work in SIMD lanes, parallel over heads and
   query blocks. It computes exactly what the Python blockwise kernel computes (the same flushing of
   subnormal factors), without its per-tile Python and compiled-call overhead.
+* ``rt_qkv_forward`` / ``rt_qkv_backward`` (``rt_qkv.h``): the same attention from the fused Q/K/V
+  projection ``(B, N, 3, H, D)``: the normalisation (with the learned metric), the key magnitudes and
+  the rotations into and out of the common frame happen in the same call instead of as separate
+  passes around the kernel.
 * ``frame_forward`` / ``frame_backward`` (``frame.h``): the rotor frame head's per-token transform
   (Gram–Schmidt frame, its rotation's action on Cl(3), applied to every channel) in one pass.
 
@@ -30,7 +34,7 @@ import torch
 
 NATIVE_ENV = "GEOATTN_NATIVE"
 _FOLDER = Path(__file__).parent
-_SOURCE = _FOLDER / "module.cpp"  # includes rt_lag.h and frame.h
+_SOURCE = _FOLDER / "module.cpp"  # includes rt_lag.h, rt_qkv.h and frame.h
 _NAME = "geoattn_native_cpu"
 # -march=native: the build is per machine (the cache folder carries the CPU's flags in its name)
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]

@@ -236,10 +236,22 @@ Tables<T> reversed_tables(const T* table, int64_t h, int64_t n) {
   return t;
 }
 
+// y = R(sign·θ) x on consecutive pairs, from the pairs' (cos θ, sin θ) in `turns` (x and y may alias):
+// (x₀, x₁) → (cos·x₀ − sin·x₁, sin·x₀ + cos·x₁), as geoattn.algebra.rotation.rotate_pairs.
+template <typename T>
+inline void turn_pairs(const T* x, T* y, const T* turns, int64_t pairs, T sign) {
+#pragma omp simd
+  for (int64_t p = 0; p < pairs; ++p) {
+    const T c = turns[2 * p], s = sign * turns[2 * p + 1], x0 = x[2 * p], x1 = x[2 * p + 1];
+    y[2 * p] = c * x0 - s * x1;
+    y[2 * p + 1] = s * x0 + c * x1;
+  }
+}
+
 template <typename T>
 void forward_impl(Rows<T> q, Rows<T> k, Rows<T> v, const T* lm2, const T* table, const T* beta,
                   T* out, T* lse, int64_t bh, int64_t h, int64_t n, int64_t d, int64_t dv, bool causal,
-                  int64_t bq, int64_t bk) {
+                  int64_t bq, int64_t bk, const T* turns = nullptr) {
   const auto tabs = reversed_tables(table, h, n);
   const int64_t w = 2 * n - 1, nqb = (n + bq - 1) / bq;
   const T tiny = tiny34<T>(), inf = std::numeric_limits<T>::infinity();
@@ -294,6 +306,7 @@ void forward_impl(Rows<T> q, Rows<T> k, Rows<T> v, const T* lm2, const T* table,
         T* o = out + (x * n + q0 + r) * dv;
         const T inv = T(1) / sum[r];
         for (int64_t c = 0; c < dv; ++c) o[c] = acc[r * dv + c] * inv;
+        if (turns) turn_pairs(o, o, turns + (hh * n + q0 + r) * dv, dv / 2, T(1));  // to the query's frame
         lse[x * n + q0 + r] = mx[r] + std::log(sum[r]);
       }
     }
@@ -381,6 +394,13 @@ void check_rows(const torch::Tensor& t, const char* name) {
               " strides ", t.strides());
 }
 
+// The per-head-instance gradients of the backward (dtab in reversed lag order) → the table's
+// gradient (H, 2N − 1) in its own order (entry i − j + N − 1) and β's (H,), summed over the batch.
+std::pair<torch::Tensor, torch::Tensor> parameter_grads(const torch::Tensor& dtab, const torch::Tensor& dbeta,
+                                                        int64_t b, int64_t h, int64_t n) {
+  return {dtab.view({b, h, 2 * n - 1}).sum(0).flip(-1).contiguous(), dbeta.view({b, h}).sum(0)};
+}
+
 }  // namespace
 
 // q, k (B, H, N, D), v (B, H, N, Dv), lm2 (B, H, N), table (H, 2N − 1), beta (H,) →
@@ -428,8 +448,6 @@ inline std::vector<torch::Tensor> rt_lag_backward(torch::Tensor q, torch::Tensor
                             dlm2.data_ptr<scalar_t>(), dtab.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>(),
                             b * h, h, n, d, dv, causal, bq, bk);
   });
-  // back to the table's order (entry i − j + N − 1) and summed over the batch
-  auto d_table = dtab.view({b, h, 2 * n - 1}).sum(0).flip(-1).contiguous();
-  auto d_beta = dbeta.view({b, h}).sum(0);
+  auto [d_table, d_beta] = parameter_grads(dtab, dbeta, b, h, n);
   return {dq, dk, dvt, dlm2, d_table, d_beta};
 }
