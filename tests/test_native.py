@@ -113,22 +113,30 @@ def test_native_kernel_matches_reference(entry, regime, causal, blocks, monkeypa
 
 
 @pytest.mark.parametrize("flushed", [True, False], ids=["subnormals-flushed", "subnormals-kept"])
-@pytest.mark.parametrize("entry", ["qkv", "lag"])
-def test_native_float32_matches_the_python_kernel_and_the_reference(entry, flushed, monkeypatch):
+@pytest.mark.parametrize(("entry", "d"), [("qkv", 8), ("qkv", 32), ("lag", 8)])
+def test_native_float32_matches_the_python_kernel_and_the_reference(entry, d, flushed, monkeypatch):
     """float32 with wide key magnitudes (sharp weights, factors that would be subnormal): the native
     kernel, the Python blockwise loops and the float64 reference agree, whether or not the CPU flushes
-    subnormals (the native kernel flushes below tiny^¾ itself, like `flush_small`)."""
+    subnormals (the native kernel flushes below tiny^¾ itself, like `flush_small`). D = 32 runs the
+    fused entry's rows in whole SIMD lanes, D = 8 one value at a time. At D = 32 the fused entry,
+    which normalises and rotates in its own loops, is the more accurate of the two float32 kernels
+    (the Python path rounds between its passes), so the check there is that it is no farther from
+    the float64 reference than the Python path is."""
     monkeypatch.setattr(subnormals, "_flushed", flushed)
     if entry == "lag":
         _lag_entry(monkeypatch)
-    out, grads = _run("blockwise", F32, "general", True, spread=12.0)
+    out, grads = _run("blockwise", F32, "general", True, spread=12.0, d=d)
     _python_kernels(monkeypatch)
-    py_out, py_grads = _run("blockwise", F32, "general", True, spread=12.0)
-    ref, ref_grads = _run("reference", F64, "general", True, spread=12.0)
+    py_out, py_grads = _run("blockwise", F32, "general", True, spread=12.0, d=d)
+    ref, ref_grads = _run("reference", F64, "general", True, spread=12.0, d=d)
     torch.testing.assert_close(out, py_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-4)
     for g, g_py, g_ref in zip(grads, py_grads, ref_grads):
-        torch.testing.assert_close(g, g_py, rtol=1e-4, atol=1e-4)
+        if d == 8:
+            torch.testing.assert_close(g, g_py, rtol=1e-4, atol=1e-4)
+        else:
+            error, py_error = ((x.double() - g_ref).abs().max() for x in (g, g_py))
+            assert error <= 1.25 * py_error + 1e-6
         torch.testing.assert_close(g.double(), g_ref, rtol=1e-3, atol=1e-3)
     assert all(torch.isfinite(g).all() for g in grads)
 

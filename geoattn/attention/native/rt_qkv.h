@@ -47,26 +47,53 @@ struct Qkv {
   Rows<T> rows(const T* units, int part) const { return {units + part * b * h * n * d, h, h * n * d, n * d, d}; }
 };
 
-// y = x ⊙ scale (or x) into `y`; returns (|y|², |x|²).
-template <typename T>
-inline std::pair<T, T> scaled(const T* __restrict__ x, const T* __restrict__ scale, T* __restrict__ y, int64_t d) {
-  T norm2 = 0, raw2 = 0;
-  if (scale) {
-#pragma omp simd reduction(+ : norm2, raw2)
-    for (int64_t c = 0; c < d; ++c) {
-      const T v = x[c] * scale[c];
-      y[c] = v;
-      norm2 += v * v;
-      raw2 += x[c] * x[c];
+// Rows are handled in lanes (rt_lag.h): 16 float32s at a time where D is a multiple of 16, else one
+// value at a time. A row of D = 32 is short, so its sums end in a tree of lane additions rather than
+// a chain of sixteen.
+template <typename L>
+constexpr int64_t width_of = std::is_same_v<L, vf> ? kLanes : 1;
+
+template <typename L>
+inline auto lane_sum(L v) {
+  if constexpr (std::is_same_v<L, vf>) {
+    using v8 = float __attribute__((vector_size(32)));
+    using v4 = float __attribute__((vector_size(16)));
+    const v8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    const v4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+  } else {
+    return v;
+  }
+}
+
+// y = R(sign·θ) x on a row's pairs (turn_pairs), in place allowed; `turn` is the row's (cos, sin) pairs.
+template <typename L, typename T>
+inline void turn_row(const T* x, T* y, const T* turn, int64_t d, T sign) {
+  if constexpr (std::is_same_v<L, vf>) {
+    const vf alt = vf{-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1} * sign;
+    for (int64_t c = 0; c < d; c += kLanes) {
+      const vf v = load<vf>(x + c), t = load<vf>(turn + c);
+      const vf cos = __builtin_shufflevector(t, t, 0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
+      const vf sin = __builtin_shufflevector(t, t, 1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15);
+      const vf swapped = __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+      store(y + c, cos * v + alt * sin * swapped);
     }
-    return {norm2, raw2};
+  } else {
+    turn_pairs(x, y, turn, d / 2, sign);
   }
-#pragma omp simd reduction(+ : norm2)
-  for (int64_t c = 0; c < d; ++c) {
-    y[c] = x[c];
-    norm2 += x[c] * x[c];
+}
+
+// (|y|², |x|²) of a row with y = x ⊙ scale (or x).
+template <typename L, typename T>
+inline std::pair<T, T> row_norms(const T* x, const T* scale, int64_t d) {
+  L norm2 = splat<L>(T(0)), raw2 = splat<L>(T(0));
+  for (int64_t c = 0; c < d; c += width_of<L>) {
+    const L xv = load<L>(x + c), yv = scale ? xv * load<L>(scale + c) : xv;
+    norm2 += yv * yv;
+    raw2 += xv * xv;
   }
-  return {norm2, norm2};
+  return {lane_sum(norm2), lane_sum(raw2)};
 }
 
 template <typename T>
@@ -75,88 +102,107 @@ inline T inverse_norm(T norm2, bool unit) {
 }
 
 // qkv → units (3, B, H, N, D) in the common frame and log m² (B, H, N).
-template <typename T>
-void prepare_forward(const Qkv<T>& s, T* units, T* lm2) {
+template <typename L, typename T>
+void prepare_forward_lanes(const Qkv<T>& s, T* units, T* lm2) {
   const T tiny = std::numeric_limits<T>::min();
   at::parallel_for(0, s.b * s.n, 8, [&](int64_t begin, int64_t end) {
-    std::vector<T> y(s.d);
     for (int64_t token = begin; token < end; ++token) {
       const int64_t bb = token / s.n, i = token % s.n;
       for (int part = 0; part < 3; ++part)
         for (int64_t hh = 0; hh < s.h; ++hh) {
-          const auto [norm2, raw2] = scaled(s.row(token, part, hh), s.scale(part, hh), y.data(), s.d);
+          const T* x = s.row(token, part, hh);
+          const T* scale = s.scale(part, hh);
+          const auto [norm2, raw2] = row_norms<L>(x, scale, s.d);
           if (part == 1)
             lm2[(bb * s.h + hh) * s.n + i] = s.magnitudes ? std::log(std::max(raw2 * s.key_scale2, tiny)) : T(0);
-          const T inv = inverse_norm(norm2, s.unit(part));
-#pragma omp simd
-          for (int64_t c = 0; c < s.d; ++c) y[c] *= inv;
+          const L inv = splat<L>(inverse_norm(norm2, s.unit(part)));
           T* u = units + s.at(part, bb, hh, i);
-          if (s.turns)
-            turn_pairs(y.data(), u, s.turn(hh, i), s.d / 2, T(-1));
-          else
-            std::copy(y.begin(), y.end(), u);
+          for (int64_t c = 0; c < s.d; c += width_of<L>) {
+            const L xv = load<L>(x + c);
+            store(u + c, (scale ? xv * load<L>(scale + c) : xv) * inv);
+          }
+          if (s.turns) turn_row<L>(u, u, s.turn(hh, i), s.d, T(-1));
         }
     }
   });
 }
 
-// The gradients of the units (3, B, H, N, D, common frame) and of log m² (B, H, N, or null) →
-// ∂qkv (B, N, 3, H, D) and, with a metric, ∂metric (H, D). Per row, with u = y/|y|:
-// ∂y = (∂u − ⟨∂u, u⟩ u)/|y| (no radial part at the clamp), ∂x = ∂y ⊙ metric, ∂metric += ∂y ⊙ x, and
-// for keys ∂x += 2 ∂log m² x/|x|² (none where the magnitude sits at the clamp).
 template <typename T>
-void prepare_backward(const Qkv<T>& s, const T* gunits, const T* glm2, T* gqkv, T* gmetric) {
+void prepare_forward(const Qkv<T>& s, T* units, T* lm2) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.d % kLanes == 0) {
+      prepare_forward_lanes<vf>(s, units, lm2);
+      return;
+    }
+  }
+  prepare_forward_lanes<T>(s, units, lm2);
+}
+
+// The gradients of the units (3, B, H, N, D, common frame) and of log m² (B, H, N, or null) →
+// ∂qkv (B, N, 3, H, D) and, with a metric, per-chunk sums of ∂metric (chunks, H, D). Per row, with
+// u = y/|y|: ∂y = (∂u − ⟨∂u, u⟩ u)/|y| (no radial part at the clamp), ∂x = ∂y ⊙ metric,
+// ∂metric += ∂y ⊙ x, and for keys ∂x += 2 ∂log m² x/|x|² (none where the magnitude sits at the clamp).
+template <typename L, typename T>
+void prepare_backward_lanes(const Qkv<T>& s, const T* gunits, const T* glm2, T* gqkv, T* partial, int64_t chunks) {
   const T tiny = std::numeric_limits<T>::min();
   const int64_t tokens = s.b * s.n, hd = s.h * s.d;
-  // ∂metric summed per fixed chunk of tokens, then over the chunks: no races, and the same sums
-  // whatever the number of threads
-  const int64_t chunks = gmetric ? std::min<int64_t>(tokens, 64) : 1;
-  std::vector<T> partial(gmetric ? chunks * hd : 0, T(0));
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> y(s.d), g(s.d);
+    std::vector<T> g(s.d);
     for (int64_t chunk = begin; chunk < end; ++chunk)
       for (int64_t token = chunk * tokens / chunks; token < (chunk + 1) * tokens / chunks; ++token) {
         const int64_t bb = token / s.n, i = token % s.n;
         for (int part = 0; part < 3; ++part)
           for (int64_t hh = 0; hh < s.h; ++hh) {
-            const T* __restrict__ x = s.row(token, part, hh);
-            const T* __restrict__ scale = s.scale(part, hh);
-            const auto [norm2, raw2] = scaled(x, scale, y.data(), s.d);
-            const T inv = inverse_norm(norm2, s.unit(part));
+            const T* x = s.row(token, part, hh);
+            const T* scale = s.scale(part, hh);
             const T* gu = gunits + s.at(part, bb, hh, i);
-            if (s.turns)
-              turn_pairs(gu, g.data(), s.turn(hh, i), s.d / 2, T(1));
-            else
-              std::copy(gu, gu + s.d, g.data());
-            const T* __restrict__ yr = y.data();
-            const T* __restrict__ gr = g.data();
-            T along = 0;
-            if (s.unit(part) && norm2 > static_cast<T>(kUnitEps2)) {
-#pragma omp simd reduction(+ : along)
-              for (int64_t c = 0; c < s.d; ++c) along += gr[c] * yr[c];
+            if (s.turns) {  // ∂u back into the token's own frame
+              turn_row<L>(gu, g.data(), s.turn(hh, i), s.d, T(1));
+              gu = g.data();
             }
-            along *= inv * inv;  // ⟨∂u, u⟩ / |y|, applied to y = |y| u
-            T* __restrict__ gx = gqkv + ((token * 3 + part) * s.h + hh) * s.d;
-            if (scale) {
-              T* __restrict__ acc = partial.data() + chunk * hd + hh * s.d;
-#pragma omp simd
-              for (int64_t c = 0; c < s.d; ++c) {
-                const T gy = (gr[c] - along * yr[c]) * inv;
-                gx[c] = gy * scale[c];
-                acc[c] += gy * x[c];
-              }
-            } else {
-#pragma omp simd
-              for (int64_t c = 0; c < s.d; ++c) gx[c] = (gr[c] - along * yr[c]) * inv;
+            L n2 = splat<L>(T(0)), r2 = splat<L>(T(0)), gy2 = splat<L>(T(0));
+            for (int64_t c = 0; c < s.d; c += width_of<L>) {
+              const L xv = load<L>(x + c), yv = scale ? xv * load<L>(scale + c) : xv;
+              n2 += yv * yv;
+              r2 += xv * xv;
+              gy2 += load<L>(gu + c) * yv;
             }
-            if (part == 1 && glm2 && raw2 * s.key_scale2 >= tiny) {
-              const T f = 2 * glm2[(bb * s.h + hh) * s.n + i] / raw2;
-#pragma omp simd
-              for (int64_t c = 0; c < s.d; ++c) gx[c] += f * x[c];
+            const T norm2 = lane_sum(n2), raw2 = lane_sum(r2);
+            const T inv = inverse_norm(norm2, s.unit(part));
+            const bool radial = s.unit(part) && norm2 > static_cast<T>(kUnitEps2);
+            const L along = splat<L>(radial ? lane_sum(gy2) * inv * inv : T(0));  // ⟨∂u, u⟩/|y| on y = |y| u
+            const bool magnitude = part == 1 && glm2 && raw2 * s.key_scale2 >= tiny;
+            const L f = splat<L>(magnitude ? 2 * glm2[(bb * s.h + hh) * s.n + i] / raw2 : T(0));
+            T* gx = gqkv + ((token * 3 + part) * s.h + hh) * s.d;
+            T* acc = scale && partial ? partial + chunk * hd + hh * s.d : nullptr;
+            const L vinv = splat<L>(inv);
+            for (int64_t c = 0; c < s.d; c += width_of<L>) {
+              const L xv = load<L>(x + c), yv = scale ? xv * load<L>(scale + c) : xv;
+              const L gy = (load<L>(gu + c) - along * yv) * vinv;
+              store(gx + c, (scale ? gy * load<L>(scale + c) : gy) + f * xv);
+              if (acc) store(acc + c, load<L>(acc + c) + gy * xv);
             }
           }
       }
   });
+}
+
+template <typename T>
+void prepare_backward(const Qkv<T>& s, const T* gunits, const T* glm2, T* gqkv, T* gmetric) {
+  const int64_t tokens = s.b * s.n, hd = s.h * s.d;
+  // ∂metric summed per fixed chunk of tokens, then over the chunks: no races, and the same sums
+  // whatever the number of threads
+  const int64_t chunks = std::min<int64_t>(tokens, 64);
+  std::vector<T> partial(gmetric ? chunks * hd : 0, T(0));
+  T* sums = gmetric ? partial.data() : nullptr;
+  bool done = false;
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.d % kLanes == 0) {
+      prepare_backward_lanes<vf>(s, gunits, glm2, gqkv, sums, chunks);
+      done = true;
+    }
+  }
+  if (!done) prepare_backward_lanes<T>(s, gunits, glm2, gqkv, sums, chunks);
   if (gmetric)
     for (int64_t e = 0; e < hd; ++e) {
       double total = 0;
@@ -237,7 +283,7 @@ inline std::vector<torch::Tensor> rt_qkv_backward(torch::Tensor qkv, torch::Tens
   auto dlm2 = torch::zeros({b, h, n}, qkv.options());
   auto dtab = torch::zeros({b * h, 2 * n - 1}, qkv.options());
   auto dbeta = torch::zeros({b * h}, qkv.options());
-  auto gqkv = torch::empty_like(qkv);
+  auto gqkv = units.view(qkv.sizes());  // the units' storage, free again once the attention's backward is done
   auto gmetric = metric.numel() ? torch::empty_like(metric) : torch::empty({0}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "rt_qkv_backward", [&] {
     const auto s = qkv_inputs<scalar_t>(qkv, metric, turns, magnitudes, key_scale, normalize_values);
