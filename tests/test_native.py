@@ -293,6 +293,22 @@ def test_fused_entry_matches_reference(metric, key_scale, normalize_values, rota
         torch.testing.assert_close(a, e, rtol=1e-9, atol=1e-10, msg=f"gradient of {name}")
 
 
+def test_the_rotation_table_follows_omega():
+    """Eager calls reuse the (cos, sin) table of the default times while ω's values are unchanged: a
+    ω changed in place, or another ω, gets its own table (the result equals the reference each time),
+    and only the latest few tables are kept."""
+    q, k, v, omega = _inputs(n=40)
+    params = _params("general")
+    for _ in range(2):
+        out = rt_attention(q, k, v, **params, omega=omega)
+        ref = rt_attention(q, k, v, **params, omega=omega, backend="reference")
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+        omega.mul_(1.7)  # in place: the same tensor, new values
+    for n in range(1, 3 * rt._TURNS_KEPT):
+        rt_attention(q[:, :, :n], k[:, :, :n], v[:, :, :n], **params, omega=omega)
+    assert len(rt._TURNS) <= rt._TURNS_KEPT
+
+
 @pytest.mark.parametrize("degenerate", ["generic", "parallel-channels", "zero-channel"])
 def test_native_frame_transform_matches_the_python_form(degenerate, monkeypatch):
     """The frame head's per-token transform (rotor_kernel._frame_transform), both directions: the

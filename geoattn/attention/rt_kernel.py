@@ -233,28 +233,32 @@ def _attention(
     # dense and blockwise paths use: the noise variance is then one (H, N) table over the lags)
     times = None if positions is None else positions.to(work)  # (N,) or (B, N)
     params = tuple(p.to(work) for p in params)
+    qkv = qkv.to(work)
+    metric = None if metric is None else metric.to(work)
+    reference = return_weights or backend == "reference"
+    path = (
+        None
+        if reference
+        else _choose_path(backend, structure, qkv.device, b * h, n, params, causal, times is None)
+    )
+    if path == "blockwise" and times is None and _fused_native(qkv, omega):
+        turns = None if omega is None else _turns(omega.to(work), n)
+        flags = (key_scale, normalize, causal)
+        if torch.compiler.is_compiling():
+            out = torch.ops.geoattn.rt_qkv(qkv, metric, turns, list(params), *flags)[0]
+        else:  # the same kernels without the custom operator's dispatch (most of a short call)
+            out = _RTQkv.apply(qkv, metric, turns, flags, *params)
+        return out.to(dtype)  # already in each query's frame
+
     angles = None
     if omega is not None:  # (B|1, H, N, D/2)
         angles = rope_angles(_explicit(times, n, qkv.device, work), omega.to(work))
-    use_compile = b * h * n * n >= COMPILE_MIN_PAIRS
-    qkv = qkv.to(work)
-    metric = None if metric is None else metric.to(work)
-
     weights = None
-    if return_weights or backend == "reference":
+    if reference:
         qh, kh, vh, log_m2 = _prepare_reference(qkv, metric, key_scale, angles, normalize)
         out, weights = _reference(qh, kh, vh, log_m2, times, *params, causal)
     else:
-        path = _choose_path(
-            backend, structure, qkv.device, b * h, n, params, causal, default_times=times is None
-        )
-        if path == "blockwise" and times is None and _fused_native(qkv, omega):
-            turns = None if angles is None else torch.stack((angles.cos(), angles.sin()), dim=-1)[0]
-            table = _lag_table(n, *params[:3])
-            out = torch.ops.geoattn.rt_qkv(
-                qkv, metric, turns, table, params[3], key_scale, normalize, causal
-            )[0]
-            return out.to(dtype)  # already in each query's frame
+        use_compile = b * h * n * n >= COMPILE_MIN_PAIRS
         qh, kh, vh, log_m2 = _prepare(qkv, metric, key_scale, angles, normalize, use_compile)
         args = (qh, kh, vh, log_m2, times, *params, causal, use_compile)
         try:
@@ -268,6 +272,32 @@ def _attention(
         out = rotate_pairs(out, angles) if weights is not None else _rotate(out, angles)
     out = out.to(dtype)
     return (out, weights.to(dtype)) if return_weights else out
+
+
+def _turns(omega: Tensor, n: int) -> Tensor:
+    """``(cos θ, sin θ)`` of the default times' angles ``θ = i ω`` (`rope_angles`), ``(H, N, D/2, 2)``.
+
+    ω is usually a buffer that never changes, so eager calls reuse the last table built for the
+    same N, dtype and device while ω's values are equal to those it was built from (a comparison of
+    ``H·D/2`` numbers instead of ``H·N·D/2`` cosines and sines); compiled graphs build it in place."""
+    if torch.compiler.is_compiling() or omega.requires_grad:
+        return _build_turns(omega, n)
+    key = (n, omega.dtype, omega.device, tuple(omega.shape))
+    cached = _TURNS.get(key)
+    if cached is None or not torch.equal(cached[0], omega):
+        cached = _TURNS[key] = (omega.clone(), _build_turns(omega, n))
+        while len(_TURNS) > _TURNS_KEPT:  # a sampling loop calls every N once: keep the latest few
+            del _TURNS[next(iter(_TURNS))]
+    return cached[1]
+
+
+def _build_turns(omega: Tensor, n: int) -> Tensor:
+    angles = rope_angles(torch.arange(n, device=omega.device, dtype=omega.dtype), omega)[0]  # (H, N, D/2)
+    return torch.stack((angles.cos(), angles.sin()), dim=-1)
+
+
+_TURNS: dict[tuple, tuple[Tensor, Tensor]] = {}
+_TURNS_KEPT = 8
 
 
 def rt_logits(
@@ -1046,28 +1076,36 @@ def _fused_native(qkv: Tensor, omega: Tensor | None) -> bool:
 
 
 # The native kernel from the fused projection (`geoattn.attention.native`, ``rt_qkv.h``): `_prepare`,
-# the blockwise kernel and the rotation of the output back into each query's frame as one operator.
+# the lag table of `_lag_table`, the blockwise kernel and the rotation of the output back into each
+# query's frame as one operator.
 @torch.library.custom_op("geoattn::rt_qkv", mutates_args=())
 def _rt_qkv_op(
     qkv: Tensor,
     metric: Tensor | None,
     turns: Tensor | None,
-    table: Tensor,
-    beta: Tensor,
+    params: list[Tensor],
     key_scale: float | None,
     normalize_values: bool,
     causal: bool,
 ) -> tuple[Tensor, Tensor]:
     """``qkv (B, N, 3, H, D)``, ``metric (H, D)``, ``turns (H, N, D/2, 2)`` (``cos θ, sin θ`` of the
-    rotation angles), the lag table ``(H, 2N − 1)`` and ``beta (H,)`` → ``(out (B, H, N, D)`` in
-    each query's frame, ``lse (B, H, N))``."""
-    out, lse = native.cpu_kernels().rt_qkv_forward(
-        *_qkv_inputs(qkv, metric, turns, key_scale, normalize_values),
-        *_contiguous(table, beta),
-        causal,
-        *NATIVE_BLOCKS,
-    )
+    rotation angles) and ``params`` ``(μ_r, σ_t², η_t², β)``, each ``(H,)`` → ``(out (B, H, N, D)``
+    in each query's frame, ``lse (B, H, N))``."""
+    return _native_qkv_forward(qkv, metric, turns, params, key_scale, normalize_values, causal)
+
+
+def _native_qkv_forward(qkv, metric, turns, params, key_scale, normalize_values, causal):
+    inputs = _qkv_inputs(qkv, metric, turns, key_scale, normalize_values)
+    kernel = native.cpu_kernels()
+    out, lse = kernel.rt_qkv_forward(*inputs, _contiguous(*params), _FAR, causal, *NATIVE_BLOCKS)
     return out, lse
+
+
+def _native_qkv_backward(qkv, metric, turns, params, key_scale, normalize_values, causal, out, lse, grad_out):
+    inputs = _qkv_inputs(qkv, metric, turns, key_scale, normalize_values)
+    tensors = (*_contiguous(out, lse), *_rows(grad_out))
+    kernel = native.cpu_kernels()
+    return list(kernel.rt_qkv_backward(*inputs, _contiguous(*params), _FAR, *tensors, causal, *NATIVE_BLOCKS))
 
 
 def _qkv_inputs(qkv, metric, turns, key_scale, normalize_values) -> tuple:
@@ -1084,7 +1122,7 @@ def _qkv_inputs(qkv, metric, turns, key_scale, normalize_values) -> tuple:
 
 
 @_rt_qkv_op.register_fake
-def _(qkv, metric, turns, table, beta, key_scale, normalize_values, causal):
+def _(qkv, metric, turns, params, key_scale, normalize_values, causal):
     b, n, _, h, d = qkv.shape
     return qkv.new_empty(b, h, n, d), qkv.new_empty(b, h, n)
 
@@ -1094,8 +1132,7 @@ def _rt_qkv_backward_op(
     qkv: Tensor,
     metric: Tensor | None,
     turns: Tensor | None,
-    table: Tensor,
-    beta: Tensor,
+    params: list[Tensor],
     key_scale: float | None,
     normalize_values: bool,
     causal: bool,
@@ -1103,32 +1140,51 @@ def _rt_qkv_backward_op(
     lse: Tensor,
     grad_out: Tensor,
 ) -> list[Tensor]:
-    """``[∂qkv, ∂metric (empty without a metric), ∂table, ∂beta]``."""
-    inputs = _qkv_inputs(qkv, metric, turns, key_scale, normalize_values)
-    tensors = (*_contiguous(table, beta, out, lse), *_rows(grad_out))
-    return list(native.cpu_kernels().rt_qkv_backward(*inputs, *tensors, causal, *NATIVE_BLOCKS))
+    """``[∂qkv, ∂metric (empty without a metric), ∂μ_r, ∂σ_t², ∂η_t², ∂β]``."""
+    args = (qkv, metric, turns, params, key_scale, normalize_values, causal, out, lse, grad_out)
+    return _native_qkv_backward(*args)
 
 
 @_rt_qkv_backward_op.register_fake
-def _(qkv, metric, turns, table, beta, key_scale, normalize_values, causal, out, lse, grad_out):
+def _(qkv, metric, turns, params, key_scale, normalize_values, causal, out, lse, grad_out):
     grad_metric = qkv.new_empty(0) if metric is None else torch.empty_like(metric)
-    return [qkv.new_empty(qkv.shape), grad_metric, torch.empty_like(table), torch.empty_like(beta)]
+    return [qkv.new_empty(qkv.shape), grad_metric, *(torch.empty_like(p) for p in params)]
 
 
 def _rt_qkv_setup(ctx, inputs, output):
-    qkv, metric, turns, table, beta, *flags = inputs
-    ctx.flags, ctx.has_metric = flags, metric is not None
-    ctx.save_for_backward(qkv, metric, turns, table, beta, *output)
+    qkv, metric, turns, params, *flags = inputs
+    ctx.flags, ctx.has_metric, ctx.n_params = flags, metric is not None, len(params)
+    ctx.save_for_backward(qkv, metric, turns, *params, *output)
 
 
 def _rt_qkv_grad(ctx, grad_out, grad_lse):
-    qkv, metric, turns, table, beta, out, lse = ctx.saved_tensors
-    grads = torch.ops.geoattn.rt_qkv_backward(qkv, metric, turns, table, beta, *ctx.flags, out, lse, grad_out)
-    grad_qkv, grad_metric, grad_table, grad_beta = grads
-    return grad_qkv, grad_metric if ctx.has_metric else None, None, grad_table, grad_beta, None, None, None
+    qkv, metric, turns, *rest = ctx.saved_tensors
+    params, (out, lse) = rest[: ctx.n_params], rest[ctx.n_params :]
+    grads = torch.ops.geoattn.rt_qkv_backward(qkv, metric, turns, params, *ctx.flags, out, lse, grad_out)
+    grad_qkv, grad_metric, *grad_params = grads
+    return grad_qkv, grad_metric if ctx.has_metric else None, None, grad_params, None, None, None
 
 
 _rt_qkv_op.register_autograd(_rt_qkv_grad, setup_context=_rt_qkv_setup)
+
+
+class _RTQkv(torch.autograd.Function):
+    """`_rt_qkv_op` for eager calls: ``apply(qkv, metric, turns, (key_scale, normalize_values,
+    causal), *params) -> out``, the same native forward and backward."""
+
+    @staticmethod
+    def forward(ctx, qkv, metric, turns, flags, *params):
+        out, lse = _native_qkv_forward(qkv, metric, turns, params, *flags)
+        ctx.flags, ctx.has_metric = flags, metric is not None
+        ctx.save_for_backward(qkv, metric, turns, out, lse, *params)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        qkv, metric, turns, out, lse, *params = ctx.saved_tensors
+        args = (qkv, metric, turns, params, *ctx.flags, out, lse, grad_out)
+        grad_qkv, grad_metric, *grad_params = _native_qkv_backward(*args)
+        return grad_qkv, grad_metric if ctx.has_metric else None, None, None, *grad_params
 
 
 def _flex(qh, kh, vh, log_m2, times, mu_r, sigma_t2, eta_t2, beta, causal, use_compile):

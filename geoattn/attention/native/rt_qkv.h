@@ -15,8 +15,8 @@
 //     o_i      = R(+θ_i) Σ_j softmax_j(logit_ij) v̂_j     (rt_lag.h on the units)
 //
 // Layouts: qkv (B, N, 3, H, D) contiguous, metric (H, D) or empty, turns (H, N, D/2, 2) the (cos θ,
-// sin θ) of every head, token and pair, or empty (no rotation); the lag table (H, 2N − 1) and beta
-// (H,) as in rt_lag.h.
+// sin θ) of every head, token and pair, or empty (no rotation); the filter parameters (H,) each, from
+// which the lag table of rt_lag.h is computed here (`lag_table`).
 
 #pragma once
 
@@ -211,6 +211,78 @@ void prepare_backward(const Qkv<T>& s, const T* gunits, const T* glm2, T* gqkv, 
     }
 }
 
+// log c(ℓ) = log(η_t² + σ_t² ℓ E(2 μ_r ℓ)), E(x) = (e^x − 1)/x, for the lags ℓ = 0 … N − 1 of every
+// head, with its derivatives by μ_r, σ_t² and η_t², in double: the quantity and the branches of
+// rt_kernel.log_noise_variance (geoattn.rt.precision), so that the native entry needs no Python
+// operations around it. Beyond x = 2 μ_r ℓ > `far` it is taken in log space,
+// logaddexp(log η_t², log(σ_t² ℓ/x) + x + log(1 − e^{−x})), and σ_t² = 0 has no gradient there.
+struct LagTable {
+  int64_t h, n;
+  std::vector<double> log_c, d_mu, d_sigma, d_eta;  // (H, N) each
+
+  // (H, 2N − 1) in the kernel's order, entry i − j + N − 1
+  template <typename T>
+  std::vector<T> relative() const {
+    std::vector<T> table(h * (2 * n - 1));
+    for (int64_t hh = 0; hh < h; ++hh)
+      for (int64_t lag = 0; lag < n; ++lag) {
+        const T v = static_cast<T>(log_c[hh * n + lag]);
+        table[hh * (2 * n - 1) + n - 1 + lag] = table[hh * (2 * n - 1) + n - 1 - lag] = v;
+      }
+    return table;
+  }
+};
+
+template <typename T>
+LagTable lag_table(const T* mu_r, const T* sigma_t2, const T* eta_t2, int64_t h, int64_t n, double far) {
+  LagTable t{h, n, std::vector<double>(h * n), std::vector<double>(h * n), std::vector<double>(h * n),
+             std::vector<double>(h * n)};
+  for (int64_t hh = 0; hh < h; ++hh) {
+    const double mu = mu_r[hh], s2 = sigma_t2[hh], e2 = eta_t2[hh];
+    for (int64_t lag = 0; lag < n; ++lag) {
+      const int64_t e = hh * n + lag;
+      const double l = static_cast<double>(lag), x = 2 * mu * l;
+      if (x > far) {
+        if (s2 > 0) {
+          const double a = std::log(e2), g = std::log(s2 * l / x) + x + std::log1p(-std::exp(-x));
+          const double top = std::max(a, g), lc = top + std::log(std::exp(a - top) + std::exp(g - top));
+          const double wa = std::exp(a - lc), wg = std::exp(g - lc);
+          t.log_c[e] = lc, t.d_eta[e] = wa / e2, t.d_sigma[e] = wg / s2;
+          t.d_mu[e] = wg * (1 - 1 / x + 1 / std::expm1(x)) * 2 * l;  // d log E/dx · dx/dμ
+        } else {
+          t.log_c[e] = std::log(e2), t.d_eta[e] = 1 / e2, t.d_sigma[e] = 0, t.d_mu[e] = 0;
+        }
+        continue;
+      }
+      // E and E' = (x e^x − (e^x − 1))/x², the latter as its series where it would cancel
+      const double ratio = x == 0 ? 1.0 : std::expm1(x) / x;
+      const double slope = x < 1e-2 ? 0.5 + x * (1.0 / 3 + x * (1.0 / 8 + x * (1.0 / 30 + x * (1.0 / 144 + x * (1.0 / 840 + x / 5760)))))
+                                    : (x * (std::expm1(x) + 1) - std::expm1(x)) / (x * x);
+      const double c = e2 + s2 * l * ratio;
+      t.log_c[e] = std::log(c), t.d_eta[e] = 1 / c, t.d_sigma[e] = l * ratio / c;
+      t.d_mu[e] = s2 * l * slope * 2 * l / c;
+    }
+  }
+  return t;
+}
+
+// ∂table (H, 2N − 1) → ∂μ_r, ∂σ_t², ∂η_t² (H,): each lag's two entries (±ℓ) through its derivatives.
+std::vector<torch::Tensor> lag_table_grads(const LagTable& t, const torch::Tensor& d_table) {
+  const auto dt = d_table.to(torch::kDouble).contiguous();
+  const double* g = dt.data_ptr<double>();
+  auto grads = torch::zeros({3, t.h}, dt.options());
+  double* out = grads.data_ptr<double>();
+  const int64_t n = t.n, w = 2 * n - 1;
+  for (int64_t hh = 0; hh < t.h; ++hh)
+    for (int64_t lag = 0; lag < n; ++lag) {
+      const double gl = g[hh * w + n - 1 + lag] + (lag > 0 ? g[hh * w + n - 1 - lag] : 0.0);
+      const int64_t e = hh * n + lag;
+      out[hh] += gl * t.d_mu[e], out[t.h + hh] += gl * t.d_sigma[e], out[2 * t.h + hh] += gl * t.d_eta[e];
+    }
+  const auto grads_t = grads.to(d_table.scalar_type());
+  return {grads_t[0].clone(), grads_t[1].clone(), grads_t[2].clone()};  // three tensors, no shared storage
+}
+
 template <typename T>
 Qkv<T> qkv_inputs(const torch::Tensor& qkv, const torch::Tensor& metric, const torch::Tensor& turns,
                   bool magnitudes, double key_scale, bool normalize_values) {
@@ -237,41 +309,55 @@ void check_qkv(const torch::Tensor& qkv, const torch::Tensor& metric, const torc
               "turns: expected a contiguous (H, N, D/2, 2) tensor or an empty one, got ", turns.sizes());
 }
 
+void check_params(const std::vector<torch::Tensor>& params, int64_t h) {
+  TORCH_CHECK(params.size() == 4, "params: expected (mu_r, sigma_t2, eta_t2, beta)");
+  for (const auto& p : params) {
+    check(p, "a filter parameter", 1);
+    TORCH_CHECK(p.size(0) == h, "params: expected (H,) each, got ", p.sizes());
+  }
+}
+
+template <typename T>
+LagTable lag_table_of(const std::vector<torch::Tensor>& params, int64_t n, double far) {
+  return lag_table(params[0].data_ptr<T>(), params[1].data_ptr<T>(), params[2].data_ptr<T>(), params[0].size(0), n,
+                   far);
+}
+
 }  // namespace
 
 // qkv (B, N, 3, H, D), metric (H, D) | empty, turns (H, N, D/2, 2) | empty, the key scale (used when
-// `magnitudes`), the lag table (H, 2N − 1) and beta (H,) → (out (B, H, N, D) in each query's frame,
-// lse (B, H, N)).
+// `magnitudes`), params (μ_r, σ_t², η_t², β) each (H,) and the log-space threshold of log c →
+// (out (B, H, N, D) in each query's frame, lse (B, H, N)).
 inline std::vector<torch::Tensor> rt_qkv_forward(torch::Tensor qkv, torch::Tensor metric, torch::Tensor turns,
                                                  bool magnitudes, double key_scale, bool normalize_values,
-                                                 torch::Tensor table, torch::Tensor beta, bool causal, int64_t bq,
-                                                 int64_t bk) {
-  check_qkv(qkv, metric, turns), check(table, "table", 2), check(beta, "beta", 1);
+                                                 std::vector<torch::Tensor> params, double far, bool causal,
+                                                 int64_t bq, int64_t bk) {
+  check_qkv(qkv, metric, turns), check_params(params, qkv.size(3));
   const int64_t b = qkv.size(0), n = qkv.size(1), h = qkv.size(3), d = qkv.size(4);
-  TORCH_CHECK(table.size(0) == h && table.size(1) == 2 * n - 1, "table: expected (H, 2N - 1)");
   auto units = torch::empty({3, b, h, n, d}, qkv.options());
   auto lm2 = torch::empty({b, h, n}, qkv.options());
   auto out = torch::empty({b, h, n, d}, qkv.options());
   auto lse = torch::empty({b, h, n}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "rt_qkv_forward", [&] {
     const auto s = qkv_inputs<scalar_t>(qkv, metric, turns, magnitudes, key_scale, normalize_values);
+    const auto table = lag_table_of<scalar_t>(params, n, far).template relative<scalar_t>();
     scalar_t* u = units.data_ptr<scalar_t>();
     prepare_forward(s, u, lm2.data_ptr<scalar_t>());
-    forward_impl<scalar_t>(s.rows(u, 0), s.rows(u, 1), s.rows(u, 2), lm2.data_ptr<scalar_t>(),
-                           table.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                           lse.data_ptr<scalar_t>(), b * h, h, n, d, d, causal, bq, bk, s.turns);
+    forward_impl<scalar_t>(s.rows(u, 0), s.rows(u, 1), s.rows(u, 2), lm2.data_ptr<scalar_t>(), table.data(),
+                           params[3].data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(),
+                           b * h, h, n, d, d, causal, bq, bk, s.turns);
   });
   return {out, lse};
 }
 
 // The backward from the forward's out and lse and grad_out (B, H, N, D, rows contiguous) →
-// (∂qkv (B, N, 3, H, D), ∂metric (H, D) | empty, ∂table (H, 2N − 1), ∂beta (H,)).
+// (∂qkv (B, N, 3, H, D), ∂metric (H, D) | empty, ∂μ_r, ∂σ_t², ∂η_t², ∂β (H,)).
 inline std::vector<torch::Tensor> rt_qkv_backward(torch::Tensor qkv, torch::Tensor metric, torch::Tensor turns,
                                                   bool magnitudes, double key_scale, bool normalize_values,
-                                                  torch::Tensor table, torch::Tensor beta, torch::Tensor out,
+                                                  std::vector<torch::Tensor> params, double far, torch::Tensor out,
                                                   torch::Tensor lse, torch::Tensor grad_out, bool causal,
                                                   int64_t bq, int64_t bk) {
-  check_qkv(qkv, metric, turns), check(table, "table", 2), check(beta, "beta", 1);
+  check_qkv(qkv, metric, turns), check_params(params, qkv.size(3));
   check(out, "out", 4), check(lse, "lse", 3), check_rows(grad_out, "grad_out");
   const int64_t b = qkv.size(0), n = qkv.size(1), h = qkv.size(3), d = qkv.size(4);
   // rowsum(dO ⊙ O) is the same in the query's frame as in the common one
@@ -285,8 +371,11 @@ inline std::vector<torch::Tensor> rt_qkv_backward(torch::Tensor qkv, torch::Tens
   auto dbeta = torch::zeros({b * h}, qkv.options());
   auto gqkv = units.view(qkv.sizes());  // the units' storage, free again once the attention's backward is done
   auto gmetric = metric.numel() ? torch::empty_like(metric) : torch::empty({0}, qkv.options());
+  std::vector<torch::Tensor> param_grads;
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "rt_qkv_backward", [&] {
     const auto s = qkv_inputs<scalar_t>(qkv, metric, turns, magnitudes, key_scale, normalize_values);
+    const auto lags = lag_table_of<scalar_t>(params, n, far);
+    const auto table = lags.template relative<scalar_t>();
     scalar_t* u = units.data_ptr<scalar_t>();
     prepare_forward(s, u, lm2.data_ptr<scalar_t>());
     const auto go = rows_of<scalar_t>(grad_out);
@@ -304,14 +393,14 @@ inline std::vector<torch::Tensor> rt_qkv_backward(torch::Tensor qkv, torch::Tens
     });
     scalar_t* gu = gunits.data_ptr<scalar_t>();
     const int64_t part = b * h * n * d;
-    backward_impl<scalar_t>(s.rows(u, 0), s.rows(u, 1), s.rows(u, 2), lm2.data_ptr<scalar_t>(),
-                            table.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(),
+    backward_impl<scalar_t>(s.rows(u, 0), s.rows(u, 1), s.rows(u, 2), lm2.data_ptr<scalar_t>(), table.data(),
+                            params[3].data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(),
                             delta.data_ptr<scalar_t>(), rows_of<scalar_t>(gout), gu, gu + part, gu + 2 * part,
                             dlm2.data_ptr<scalar_t>(), dtab.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>(),
                             b * h, h, n, d, d, causal, bq, bk);
     prepare_backward(s, gu, magnitudes ? dlm2.data_ptr<scalar_t>() : nullptr, gqkv.data_ptr<scalar_t>(),
                      metric.numel() ? gmetric.data_ptr<scalar_t>() : nullptr);
+    param_grads = lag_table_grads(lags, parameter_grads(dtab, dbeta, b, h, n).first);
   });
-  auto [d_table, d_beta] = parameter_grads(dtab, dbeta, b, h, n);
-  return {gqkv, gmetric, d_table, d_beta};
+  return {gqkv, gmetric, param_grads[0], param_grads[1], param_grads[2], dbeta.view({b, h}).sum(0)};
 }
