@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from geoattn.attention import native
 from geoattn.layers.common import ScaledVector, check_input, normalize_, swiglu_hidden
 from geoattn.layers.transformer import CausalSelfAttention
 
@@ -68,89 +67,14 @@ def sphere_step(h: Tensor, o: Tensor, alpha: Tensor, *, tangent_correction: bool
 def sphere_update(h: Tensor, o: Tensor, alpha: Tensor, *, tangent_correction: bool, step: str) -> Tensor:
     """``sphere_step(h, normalize(o), alpha, ...)``: one residual update of a hypersphere block.
 
-    ``h (..., C)`` unit states, ``o (..., C)`` raw sublayer outputs, ``alpha (C,)``. On the CPU the
-    retraction runs in the native kernel (`geoattn.attention.native`, ``sphere.h``: each row's update
-    and its derivatives in one pass while the row is in cache), eagerly and in compiled graphs (as a
-    custom operator); without it, in eager mode, as one autograd node with its derivatives written
-    out (`_SphereRetraction`): about twenty passes over ``(..., C)`` forward and backward instead of
-    some fifty, for an update that every block makes twice per step. Other compiled graphs and the
-    geodesic step use the plain form.
+    ``h (..., C)`` unit states, ``o (..., C)`` raw sublayer outputs, ``alpha (C,)``. In eager mode the
+    retraction runs as one autograd node with its derivatives written out (`_SphereRetraction`):
+    about twenty passes over ``(..., C)`` forward and backward instead of some fifty, for an update
+    that every block makes twice per step. Compiled graphs and the geodesic step use the plain form.
     """
-    if step == "retraction" and _native_retraction(h, o, alpha):
-        shape, flat = h.shape, [x.reshape(-1, x.shape[-1]).contiguous() for x in (h, o)]
-        if torch.compiler.is_compiling():
-            return torch.ops.geoattn.sphere_retraction(*flat, alpha, tangent_correction).view(shape)
-        return _NativeRetraction.apply(*flat, alpha, tangent_correction).view(shape)
     if step == "retraction" and not torch.compiler.is_compiling():
         return _SphereRetraction.apply(h, o, alpha, tangent_correction)
     return sphere_step(h, F.normalize(o, dim=-1), alpha, tangent_correction=tangent_correction, step=step)
-
-
-def _native_retraction(h: Tensor, o: Tensor, alpha: Tensor) -> bool:
-    """Whether the native CPU kernel (`geoattn.attention.native`, ``sphere.h``) takes the retraction:
-    float32 or float64 throughout, on the CPU, with the kernels built. Static facts only."""
-    same = h.dtype == o.dtype == alpha.dtype and h.shape == o.shape and alpha.shape == h.shape[-1:]
-    return (
-        same and h.device.type == "cpu" and h.dtype in (torch.float32, torch.float64) and native.available()
-    )
-
-
-# The retraction as a custom operator, so that compiled graphs call the native kernel whole.
-@torch.library.custom_op("geoattn::sphere_retraction", mutates_args=())
-def _sphere_retraction_op(h: Tensor, o: Tensor, alpha: Tensor, tangent_correction: bool) -> Tensor:
-    """``h, o (R, C)`` contiguous, ``alpha (C,)`` → ``h' (R, C)``."""
-    return native.cpu_kernels().sphere_forward(h, o, alpha.contiguous(), tangent_correction)
-
-
-@_sphere_retraction_op.register_fake
-def _(h, o, alpha, tangent_correction):
-    return torch.empty_like(h)
-
-
-@torch.library.custom_op("geoattn::sphere_retraction_backward", mutates_args=())
-def _sphere_retraction_backward_op(
-    h: Tensor, o: Tensor, alpha: Tensor, out: Tensor, grad: Tensor, tangent_correction: bool
-) -> list[Tensor]:
-    """``[∂h, ∂o (R, C), ∂alpha (C,)]``."""
-    args = (h, o, alpha.contiguous(), out, grad.contiguous(), tangent_correction)
-    return list(native.cpu_kernels().sphere_backward(*args))
-
-
-@_sphere_retraction_backward_op.register_fake
-def _(h, o, alpha, out, grad, tangent_correction):
-    return [torch.empty_like(h), torch.empty_like(o), torch.empty_like(alpha)]
-
-
-def _retraction_setup(ctx, inputs, output):
-    h, o, alpha, tangent_correction = inputs
-    ctx.tangent_correction = tangent_correction
-    ctx.save_for_backward(h, o, alpha, output)
-
-
-def _retraction_grad(ctx, grad):
-    h, o, alpha, out = ctx.saved_tensors
-    grads = torch.ops.geoattn.sphere_retraction_backward(h, o, alpha, out, grad, ctx.tangent_correction)
-    return *grads, None
-
-
-_sphere_retraction_op.register_autograd(_retraction_grad, setup_context=_retraction_setup)
-
-
-class _NativeRetraction(torch.autograd.Function):
-    """`_sphere_retraction_op` for eager calls, without the custom operator's dispatch."""
-
-    @staticmethod
-    def forward(ctx, h, o, alpha, tangent_correction: bool):
-        out = native.cpu_kernels().sphere_forward(h, o, alpha.contiguous(), tangent_correction)
-        ctx.tangent_correction = tangent_correction
-        ctx.save_for_backward(h, o, alpha, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        h, o, alpha, out = ctx.saved_tensors
-        args = (h, o, alpha.contiguous(), out, grad.contiguous(), ctx.tangent_correction)
-        return *native.cpu_kernels().sphere_backward(*args), None
 
 
 class _SphereRetraction(torch.autograd.Function):

@@ -9,8 +9,6 @@
   projection ``(B, N, 3, H, D)``: the normalisation (with the learned metric), the key magnitudes and
   the rotations into and out of the common frame happen in the same call instead of as separate
   passes around the kernel.
-* ``sphere_forward`` / ``sphere_backward`` (``sphere.h``): the hypersphere block's retraction step
-  (`geoattn.layers.sphere.sphere_update`), each row's update and its derivatives in one pass.
 * ``frame_forward`` / ``frame_backward`` (``frame.h``): the rotor frame head's per-token transform
   (Gram–Schmidt frame, its rotation's action on Cl(3), applied to every channel) in one pass.
 
@@ -36,7 +34,7 @@ import torch
 
 NATIVE_ENV = "GEOATTN_NATIVE"
 _FOLDER = Path(__file__).parent
-_SOURCE = _FOLDER / "module.cpp"  # includes rt_lag.h, rt_qkv.h, sphere.h and frame.h
+_SOURCE = _FOLDER / "module.cpp"  # includes rt_lag.h, rt_qkv.h and frame.h
 _NAME = "geoattn_native_cpu"
 # -march=native: the build is per machine (the cache folder carries the CPU's flags in its name)
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]

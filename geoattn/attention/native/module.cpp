@@ -3,15 +3,12 @@
 #include "frame.h"
 #include "rt_lag.h"
 #include "rt_qkv.h"
-#include "sphere.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rt_lag_forward", &rt_lag_forward, "RT-Filter attention with a lag table, forward");
   m.def("rt_lag_backward", &rt_lag_backward, "RT-Filter attention with a lag table, backward");
   m.def("rt_qkv_forward", &rt_qkv_forward, "RT-Filter attention from the fused projection, forward");
   m.def("rt_qkv_backward", &rt_qkv_backward, "RT-Filter attention from the fused projection, backward");
-  m.def("sphere_forward", &sphere_forward, "the hypersphere block's retraction step, forward");
-  m.def("sphere_backward", &sphere_backward, "the hypersphere block's retraction step, backward");
   m.def("frame_forward", &frame_forward, "the frame head's per-token transform, forward");
   m.def("frame_backward", &frame_backward, "the frame head's per-token transform, backward");
 }

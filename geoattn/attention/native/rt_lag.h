@@ -163,26 +163,6 @@ inline T over_lanes(int width, T init, Op op, F&& f) {
   return acc;
 }
 
-// Short rows (a head's D, a model's C) are handled in lanes too: 16 float32s at a time where the
-// length is a multiple of 16, else one value at a time; their sums end in a tree of lane additions
-// rather than a chain of sixteen.
-template <typename L>
-constexpr int64_t width_of = std::is_same_v<L, vf> ? kLanes : 1;
-
-template <typename L>
-inline auto lane_sum(L v) {
-  if constexpr (std::is_same_v<L, vf>) {
-    using v8 = float __attribute__((vector_size(32)));
-    using v4 = float __attribute__((vector_size(16)));
-    const v8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    const v4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
-    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-  } else {
-    return v;
-  }
-}
-
 const auto add = [](auto a, auto b) { return a + b; };
 const auto maximum = [](auto a, auto b) { return a > b ? a : b; };
 

@@ -47,6 +47,26 @@ struct Qkv {
   Rows<T> rows(const T* units, int part) const { return {units + part * b * h * n * d, h, h * n * d, n * d, d}; }
 };
 
+// Rows are handled in lanes (rt_lag.h): 16 float32s at a time where D is a multiple of 16, else one
+// value at a time. A row of D = 32 is short, so its sums end in a tree of lane additions rather than
+// a chain of sixteen.
+template <typename L>
+constexpr int64_t width_of = std::is_same_v<L, vf> ? kLanes : 1;
+
+template <typename L>
+inline auto lane_sum(L v) {
+  if constexpr (std::is_same_v<L, vf>) {
+    using v8 = float __attribute__((vector_size(32)));
+    using v4 = float __attribute__((vector_size(16)));
+    const v8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    const v4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+  } else {
+    return v;
+  }
+}
+
 // y = R(sign·θ) x on a row's pairs (turn_pairs), in place allowed; `turn` is the row's (cos, sin) pairs.
 template <typename L, typename T>
 inline void turn_row(const T* x, T* y, const T* turn, int64_t d, T sign) {
