@@ -40,8 +40,13 @@ shapes and the device; it never reads a tensor's values, so it runs under
 On the CPU with the default times (``positions=None``), every structure and length takes the native
 kernel (`geoattn.attention.native`, compiled for the machine on first use): ``log c`` is then a table
 over the lags, and one fused flash-style forward and backward in C++ computes the general logits
-exactly, at the cost of SDPA's own CPU kernel to within tens of percent. It runs inside the blockwise
-custom operator; without a C++ toolchain (or with ``GEOATTN_NATIVE=0``) the paths below serve.
+exactly, at the cost of SDPA's own CPU kernel to within tens of percent. Its fused entry
+(``rt_qkv.h``, `_rt_qkv_op`) takes the stacked projections and the filter parameters as they are: the
+normalisation, key magnitudes, ``log c`` table and both rotations run in the same call, so an eager
+call is little more than the kernel (compiled graphs call the custom operator, eager ones the same
+kernels through an autograd Function, without the operator's dispatch). A learned ω keeps the
+Python rotation around the kernel's other entry (``rt_lag.h``, inside the blockwise custom operator).
+Without a C++ toolchain (or with ``GEOATTN_NATIVE=0``) the paths below serve.
 
 Short sequences take, whatever the structure, the dense exact kernel: one ``N × N`` tile per head
 (``N ≤ DENSE_MAX_N`` and ``B·H·N² ≤ DENSE_MAX_ELEMENTS``; the one exception to "no N×N tensor",
