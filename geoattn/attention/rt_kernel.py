@@ -1072,12 +1072,8 @@ def _fused_native(qkv: Tensor, omega: Tensor | None) -> bool:
     float32 or float64 with the native kernels built (a constant of the process) and ω not learned
     (its gradient is left to the Python rotation). Static facts only."""
     learned = omega is not None and omega.requires_grad
-    return (
-        qkv.device.type == "cpu"
-        and qkv.dtype in (torch.float32, torch.float64)
-        and not learned
-        and (native.available())
-    )
+    floats = qkv.dtype in (torch.float32, torch.float64)
+    return qkv.device.type == "cpu" and floats and not learned and native.available()
 
 
 # The native kernel from the fused projection (`geoattn.attention.native`, ``rt_qkv.h``): `_prepare`,
