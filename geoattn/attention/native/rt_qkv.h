@@ -371,7 +371,7 @@ inline std::vector<torch::Tensor> rt_qkv_backward(torch::Tensor qkv, torch::Tens
   auto dbeta = torch::zeros({b * h}, qkv.options());
   auto gqkv = units.view(qkv.sizes());  // the units' storage, free again once the attention's backward is done
   auto gmetric = metric.numel() ? torch::empty_like(metric) : torch::empty({0}, qkv.options());
-  std::vector<torch::Tensor> param_grads;
+  std::vector<torch::Tensor> param_grads;  // ∂μ_r, ∂σ_t², ∂η_t², ∂β
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "rt_qkv_backward", [&] {
     const auto s = qkv_inputs<scalar_t>(qkv, metric, turns, magnitudes, key_scale, normalize_values);
     const auto lags = lag_table_of<scalar_t>(params, n, far);
@@ -400,7 +400,9 @@ inline std::vector<torch::Tensor> rt_qkv_backward(torch::Tensor qkv, torch::Tens
                             b * h, h, n, d, d, causal, bq, bk);
     prepare_backward(s, gu, magnitudes ? dlm2.data_ptr<scalar_t>() : nullptr, gqkv.data_ptr<scalar_t>(),
                      metric.numel() ? gmetric.data_ptr<scalar_t>() : nullptr);
-    param_grads = lag_table_grads(lags, parameter_grads(dtab, dbeta, b, h, n).first);
+    const auto [d_table, d_beta] = parameter_grads(dtab, dbeta, b, h, n);
+    param_grads = lag_table_grads(lags, d_table);
+    param_grads.push_back(d_beta);
   });
-  return {gqkv, gmetric, param_grads[0], param_grads[1], param_grads[2], dbeta.view({b, h}).sum(0)};
+  return {gqkv, gmetric, param_grads[0], param_grads[1], param_grads[2], param_grads[3]};
 }
