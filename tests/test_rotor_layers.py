@@ -4,6 +4,8 @@ errors, and a short training run."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import random_o3_versor
@@ -118,7 +120,12 @@ def test_rotor_attention_layer_with_compose_is_equivariant(ga, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 @pytest.mark.parametrize("aggregation", ["sum", "compose"])
 def test_rotor_transformer_is_equivariant(ga_name, dtype, aggregation):
-    torch.manual_seed(2)
+    # A pair within the guard band of a rotation / reflection head (an angle within ~1.5° of where its
+    # versor is undefined) makes the float32 model ill-conditioned: with seed 2 (this test's seed
+    # before) the compose model's float32 output differs from its float64 twin by 3e-2, with the
+    # factorised form before 2026-12-02 and after, so its float32 equivariance was luck. Seed 3 has
+    # no such pair in any of the four models (float32 within 1e-6–7e-6 of float64), checked first.
+    torch.manual_seed(3)
     heads = ("rotation", "reflection", "projection") + (("frame",) if ga_name == "cl3" else ())
     config = RotorTransformerConfig(
         algebra=ga_name, in_channels=2, in_scalars=1, out_channels=1, out_scalars=2, channels=6, scalars=4,
@@ -126,6 +133,11 @@ def test_rotor_transformer_is_equivariant(ga_name, dtype, aggregation):
     )  # fmt: skip
     model = RotorTransformer(config)
     x, s = _inputs(model.algebra, dtype, C=2, S=1)
+    if dtype == torch.float32:  # well-conditioned inputs: float32 agrees with the float64 model
+        tol = PGA_FLOAT32_TOL if model.algebra.r else TOL[dtype]
+        twin = copy.deepcopy(model).double()
+        for got, want in zip(model.float()(x, s, mask=None), twin(x.double(), s.double(), mask=None)):
+            assert _rel(got.double(), want) < tol
     _check_equivariant(model, model.algebra, dtype, x, s, mask=None)
 
 
