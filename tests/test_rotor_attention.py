@@ -211,12 +211,9 @@ def test_compiled_block_kernels_match_eager(monkeypatch):
     recomputed in the backward): values and gradients equal the eager blocks'. Backend aot_eager:
     dynamo's tracing and AOT autograd without code generation, to stay quick (the bench runs inductor)."""
     monkeypatch.setattr(rotor_module, "COMPILE_BACKEND", "aot_eager")
-    fresh = {
-        name: rotor_module._BlockKernel(getattr(rotor_module, name).fn)
-        for name in ("_SANDWICH_BLOCK", "_COMPOSE_BLOCK")
-    }
-    for name, kernel in fresh.items():
-        monkeypatch.setattr(rotor_module, name, kernel)
+    compose = rotor_module._BlockKernel(rotor_module._compose_block)
+    monkeypatch.setattr(rotor_module, "_COMPOSE_BLOCK", compose)
+    monkeypatch.setattr(rotor_module, "_SANDWICH_BLOCKS", {})
     mask = torch.tensor([[True, True, False, True, True, False]])
     # two blocks of 3 queries (a block of 1, or nq == nk, would specialise and recompile): 1 graph a kernel
     for head_type, aggregation in [("reflection", "sum"), ("rotation", "compose")]:
@@ -230,7 +227,8 @@ def test_compiled_block_kernels_match_eager(monkeypatch):
         assert _rel(results[1][0], results[0][0]) < 1e-12, (head_type, aggregation)
         for g, rg in zip(results[1][1], results[0][1]):
             assert _rel(g, rg) < 1e-12, (head_type, aggregation)
-    assert all(kernel._compiled and not kernel.failed for kernel in fresh.values())
+    kernels = [compose, *rotor_module._SANDWICH_BLOCKS.values()]
+    assert len(kernels) == 2 and all(kernel._compiled and not kernel.failed for kernel in kernels)
 
 
 @torch._dynamo.config.patch(recompile_limit=1)  # (monkeypatch would delete the setting on undo)

@@ -479,14 +479,29 @@ def _sandwich_plan(algebra: CliffordAlgebra, head_type: str, inverse: bool) -> _
     return plan
 
 
+_PLAN_TABLES: dict[tuple, tuple] = {}
+
+
+@torch._dynamo.assume_constant_result  # inside a caller's torch.compile: run, not traced
+def _plan_tables(p: int, q: int, r: int, head_type: str, inverse: bool) -> tuple:
+    """:func:`_sandwich_plan` of ``Cl(p, q, r)`` as plain values: ``((shape, values),) * 3 + (sign,)``."""
+    key = (p, q, r, head_type, inverse)
+    if key not in _PLAN_TABLES:
+        plan = _sandwich_plan(CliffordAlgebra(p, q, r, compile=False), head_type, inverse)
+        _PLAN_TABLES[key] = (*((tuple(t.shape), tuple(t.flatten().tolist())) for t in plan[:3]), plan.sign)
+    return _PLAN_TABLES[key]
+
+
 def _plan_on(algebra, head_type, inverse, device, dtype) -> _Plan:
     """:func:`_sandwich_plan` on one device and dtype (made once)."""
 
     def build():
-        plan = _cached(
-            algebra, ("plan", head_type, inverse), lambda: _sandwich_plan(algebra, head_type, inverse)
+        *tables, sign = _plan_tables(algebra.p, algebra.q, algebra.r, head_type, inverse)
+        keys_w, keys_d, queries = (
+            torch.tensor(values, dtype=torch.float64).view(shape).to(device, dtype)
+            for shape, values in tables
         )
-        return _Plan(*(t.to(device, dtype) for t in plan[:3]), plan.sign)
+        return _Plan(keys_w, keys_d, queries, sign)
 
     return _cached(algebra, ("plan", head_type, inverse, device, dtype), build)
 
@@ -767,7 +782,17 @@ def _compose_block(qs_c, am_c, kf, b, values, mask) -> tuple[Tensor, Tensor]:
     return alpha @ values, (alpha * rotor_log_scale(am_c @ b.transpose(-1, -2))) @ b
 
 
-_SANDWICH_BLOCK, _COMPOSE_BLOCK = _BlockKernel(_sandwich_block), _BlockKernel(_compose_block)
+_COMPOSE_BLOCK = _BlockKernel(_compose_block)
+# one sandwich kernel per table shape (P, r, dim, r_w): heads of other feature counts would otherwise
+# share one compiled copy, and the second would turn it dynamic (slower) for both
+_SANDWICH_BLOCKS: dict[tuple, _BlockKernel] = {}
+
+
+def _sandwich_kernel(plan: _Plan) -> _BlockKernel:
+    key = (*plan.queries.shape, plan.keys_w.shape[-1])
+    if key not in _SANDWICH_BLOCKS:
+        _SANDWICH_BLOCKS[key] = _BlockKernel(_sandwich_block)
+    return _SANDWICH_BLOCKS[key]
 
 
 def _query_blocks(
@@ -831,7 +856,7 @@ def _factorised(q, k, v, algebra, head_type, causal, inverse, key_mask, chunk_si
         (v @ (mono @ t.flatten(1)).unflatten(-1, t.shape[1:])).flatten(-2) for t in (plan.keys_w, plan.keys_d)
     )
     (out,) = _query_blocks(
-        _SANDWICH_BLOCK,
+        _sandwich_kernel(plan),
         (_logit_queries(q, algebra), a1, monomials(a)),
         (k.flatten(-2), b1, feats_w, feats_d),
         (plan.queries, guard_eps(q.dtype)),
