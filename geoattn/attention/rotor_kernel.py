@@ -710,8 +710,7 @@ COMPILE_BACKEND = "inductor"
 
 class _BlockKernel:
     """A query-block function, eager or under ``torch.compile`` (built on first use: specialised to the
-    first shape, dynamic from a second one on, torch's default; the specialised kernel of a fixed size
-    ran 15 % faster than the dynamic one).
+    first shape, dynamic from a second one on, torch's default).
 
     ``kernel(compiled, *args)`` runs the compiled form when ``compiled`` is true and compilation
     works here; a missing compiler or a compile limit warns once and leaves the eager form, which
