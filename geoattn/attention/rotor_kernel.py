@@ -49,7 +49,10 @@ Antiparallel guard (both backends): the rotor's normaliser ``1 / (2(1 + ⟨a, b�
 At exactly antiparallel a, b the unnormalised rotor ``1 + b a`` is 0, so the pair contributes 0 (the
 limit of the guarded expression), with finite values and gradients; within the guard band
 (angle within ~sqrt(2g) of π) the pair's contribution fades to 0 smoothly. The same holds for
-``a = b`` in the reflection head. A zero vector part gives the direction 0 (rotation: ``R = 1/√2``).
+``a = b`` in the reflection head. A zero vector part gives the direction 0 (rotation: ``R = 1/√2``)
+in the reference; the factorised rotation and reflection sums use ``|a| = |b| = 1`` (the scaled
+blades, and the rotation's rest on the sphere), so for a vector part below NORM_EPS they differ from
+the reference (as the monomial form before 2026-12-02 did on the scalar blades): a measure-zero case.
 Compose: f is guarded the same way (:func:`rotor_log_scale`): the pair's rotation fades to 0 at
 antiparallel directions, where its plane is undefined (its value still counts in the mean value).
 
