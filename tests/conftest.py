@@ -25,6 +25,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
+@pytest.fixture(autouse=True)
+def _restore_thread_count():
+    """The bench commands set torch's thread count for their process (``--threads``); inside the test
+    process that would carry over to every later test, whose float32 rounding (and, for a chaotic
+    short training run, its outcome) depends on it."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def tiny_lm_args(max_iters: int, eval_interval: int) -> list[str]:
     """`geoattn train` flags of a tiny character LM on the corpus: 1 layer, 32 wide, block 16, batch 8."""
     flags = "--task lm --model transformer --eval-iters 2 --batch-size 8 --block-size 16"
