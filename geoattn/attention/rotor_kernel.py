@@ -370,8 +370,8 @@ def _low_rank(
     coefficient table T of small rationals (the Cayley table's entries, halves, thirds), which the
     least-squares fit recovers to rounding and :func:`_rationals` restores exactly. The fewest key
     features are r independent columns of T (r = its rank), every other column a rational
-    combination of them: the tables are exact, so a pair in the guard band (divided by sqrt(eps)) is
-    as exact as with the polynomial's own integer table.
+    combination of them: the tables are exact (but for the float64 rounding of thirds), so a pair in
+    the guard band (divided by sqrt(eps)) is as exact as with the polynomial's own integer table.
     """
     dim = ga.dim
     P = 1 + ga.n + len(_sym_pairs(ga.n))
