@@ -256,20 +256,15 @@ def _cached(algebra: CliffordAlgebra, key: tuple, build: Callable[[], _T]) -> _T
 def _base_tables(algebra: CliffordAlgebra) -> dict[str, Tensor]:
     """The algebra's tables in the kernels' row-vector convention ``y = x @ M`` (float64, CPU).
 
-    ``logit``: ``(dim,)`` ⟨ẽ_A e_A⟩₀; ``metric``: ``(n,)`` e_k²; ``left``/``right``: ``(n, dim, dim)``
-    matrices of ``x ↦ e_k x`` / ``x ↦ x e_k``; ``involution``: ``(dim, dim)`` diagonal grade involution.
+    ``logit``: ``(dim,)`` ⟨ẽ_A e_A⟩₀; ``metric``: ``(n,)`` e_k²; ``scaled``: ``(dim,)`` 1 on the blades a
+    versor only scales (scalar, pseudoscalar), 0 on those it moves.
     """
 
     def build() -> dict[str, Tensor]:
-        vec = list(algebra.vector_indices)
         metric = algebra.invariant_metric
-        return {
-            "logit": metric,
-            "metric": metric[vec],
-            "left": algebra.left_multiplication[vec].mT,
-            "right": algebra.right_multiplication[vec].mT,
-            "involution": torch.diag(algebra.involution_signs),
-        }
+        scaled = torch.zeros(algebra.dim, dtype=torch.float64)
+        scaled[[*algebra.grade_indices[0], *algebra.grade_indices[algebra.n]]] = 1
+        return {"logit": metric, "metric": metric[list(algebra.vector_indices)], "scaled": scaled}
 
     return _cached(algebra, ("base",), build)
 
@@ -331,8 +326,7 @@ def _scaled_part(ga: CliffordAlgebra, head_type: str, inverse: bool, a, b, v) ->
     ``k`` the dual of B (Rodrigues' ``k kᵀ`` term): 12 + 16 features per value channel instead of the
     42 of N itself on the sphere. Reflection: the moved blades stay in the rest (N has 20 there).
     """
-    passive = torch.zeros(ga.dim, dtype=a.dtype)
-    passive[[*ga.grade_indices[0], *ga.grade_indices[ga.n]]] = 1
+    passive = _base_tables(ga)["scaled"].to(a.dtype)
     # N(e_A) / d is the same for every pair: read it off one with d = 2 (e = b = ±a, a non-null axis)
     e = ga.vector(torch.eye(ga.n, dtype=a.dtype)[ga.signature.index(1)])
     g = _unscaled_sandwich(ga, head_type, inverse, e, e if head_type == "rotation" else -e, v * passive) / 2
@@ -353,8 +347,7 @@ def _directions_drawn(
     x = torch.randn(count, ga.n, dtype=torch.float64, generator=generator)
     if not unit:
         return x
-    metric = torch.tensor(ga.signature, dtype=torch.float64)
-    return x / (x * x * metric).sum(-1, keepdim=True).sqrt()
+    return x / (x * x * _base_tables(ga)["metric"]).sum(-1, keepdim=True).sqrt()
 
 
 def _low_rank(
@@ -457,9 +450,7 @@ def _sandwich_plan(algebra: CliffordAlgebra, head_type: str, inverse: bool) -> _
     P = len(_sym_pairs(ga.n)) + ga.n + 1
     generator = torch.Generator().manual_seed(0)
     sign = 1.0 if head_type == "rotation" else -1.0
-    metric = torch.tensor(ga.signature, dtype=torch.float64)
-    active = torch.ones(ga.dim, dtype=torch.float64)
-    active[[*ga.grade_indices[0], *ga.grade_indices[ga.n]]] = 0
+    metric, active = _base_tables(ga)["metric"], 1 - _base_tables(ga)["scaled"]
 
     def fit(part: str, sphere: bool) -> tuple[Tensor, Tensor]:
         S = _PLAN_SAMPLES * P
