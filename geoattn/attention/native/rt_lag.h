@@ -149,17 +149,40 @@ inline L exp_lane(L x) {
   }
 }
 
-// acc = op(acc, f(j, L{})) over j < width: whole vectors of float32s first, then one at a time.
+// Which lanes of the vector at j lie before `width` (always true one value at a time), and x where
+// they do, `other` where not.
+template <typename L>
+inline auto lanes_before(int j, int width) {
+  if constexpr (std::is_same_v<L, vf>) {
+    const vi iota{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    return (iota + j) < width;
+  } else {
+    return true;
+  }
+}
+template <typename L, typename M>
+inline L keep(M mask, L x, L other) {
+  if constexpr (std::is_same_v<L, vf>) {
+    return mask ? x : other;
+  } else {
+    return x;
+  }
+}
+
+// acc = op(acc, f(j, L{}, mask)) over j < width: whole vectors of float32s first, then one at a time.
+// The last vector may run past `width` up to `span` (the buffer's end), its lanes at j ≥ width marked
+// false in `mask` for f to neutralise: a causal row's ragged end then costs one vector, not up to
+// fifteen calls on single values.
 template <typename T, typename F, typename Op>
-inline T over_lanes(int width, T init, Op op, F&& f) {
+inline T over_lanes(int width, int span, T init, Op op, F&& f) {
   T acc = init;
   int j = 0;
   if constexpr (std::is_same_v<T, float>) {
     vf vacc = splat<vf>(init);
-    for (; j + kLanes <= width; j += kLanes) vacc = op(vacc, f(j, vf{}));
+    for (; j < width && j + kLanes <= span; j += kLanes) vacc = op(vacc, f(j, vf{}, lanes_before<vf>(j, width)));
     for (int l = 0; l < kLanes; ++l) acc = op(acc, static_cast<float>(vacc[l]));
   }
-  for (; j < width; ++j) acc = op(acc, f(j, T{}));
+  for (; j < width; ++j) acc = op(acc, f(j, T{}, true));
   return acc;
 }
 
@@ -191,12 +214,14 @@ struct Row {
   }
 };
 
-// Logits of one row stretch of `width` keys, from the dots in `s` (overwritten), and their max.
+// Logits of one row stretch of `width` keys, from the dots in `s` (overwritten; up to `span` of it,
+// −inf past `width`), and their max.
 template <typename T>
-T row_logits(T* s, int width, const Row<T>& row, T tiny) {
-  return over_lanes<T>(width, -std::numeric_limits<T>::infinity(), maximum, [&](int j, auto lane) {
+T row_logits(T* s, int width, int span, const Row<T>& row, T tiny) {
+  const T inf = std::numeric_limits<T>::infinity();
+  return over_lanes<T>(width, span, -inf, maximum, [&](int j, auto lane, auto mask) {
     using L = decltype(lane);
-    const L logit = row.logit(j, load<L>(s + j), row.template beta_kappa<L>(j, tiny));
+    const L logit = keep(mask, row.logit(j, load<L>(s + j), row.template beta_kappa<L>(j, tiny)), splat<L>(-inf));
     store(s + j, logit);
     return logit;
   });
@@ -248,22 +273,62 @@ inline void turn_pairs(const T* x, T* y, const T* turns, int64_t pairs, T sign) 
   }
 }
 
+// What the attention reads of one head instance x: its q, k, v rows (each with its row stride, the
+// matmuls' leading dimension) and its keys' log m² (N,).
 template <typename T>
-void forward_impl(Rows<T> q, Rows<T> k, Rows<T> v, const T* lm2, const T* table, const T* beta,
-                  T* out, T* lse, int64_t bh, int64_t h, int64_t n, int64_t d, int64_t dv, bool causal,
-                  int64_t bq, int64_t bk, const T* turns = nullptr) {
+struct HeadIn {
+  const T *q, *k, *v, *lm2;
+  int ldq, ldk, ldv;
+};
+
+// What the backward reads and writes of one head instance: ∂o's rows (common frame), the rowsums
+// δ_i = ⟨∂o_i, o_i⟩ (N,), and the zeroed gradients ∂q, ∂k (N, D), ∂v (N, Dv), ∂log m² (N,).
+template <typename T>
+struct HeadGrad {
+  const T *dout, *delta;
+  int lddo;
+  T *dq, *dk, *dv, *dlm2;
+};
+
+// The heads as they lie in memory (rt_lag_forward / rt_lag_backward): nothing to prepare, and the
+// gradients go straight to the (B, H, N, ·) outputs.
+template <typename T>
+struct StoredHeads {
+  Rows<T> q, k, v, dout;
+  const T *lm2, *delta;
+  T *dq, *dk, *dv, *dlm2;
+  int64_t n, d, dv_;
+
+  int64_t scratch() const { return 0; }
+  HeadIn<T> inputs(int64_t x, T*) const {
+    return {q.at(x, 0), k.at(x, 0), v.at(x, 0), lm2 + x * n, q.ld(), k.ld(), v.ld()};
+  }
+  HeadGrad<T> grads(int64_t x, T*) const {
+    return {dout.at(x, 0), delta + x * n, dout.ld(), dq + x * n * d, dk + x * n * d, dv + x * n * dv_, dlm2 + x * n};
+  }
+  void finish(int64_t, const HeadGrad<T>&) const {}
+};
+
+// Heads come from `heads.inputs(x, scratch)`: a per-thread scratch of `heads.scratch()` values that
+// the source may fill (the fused entry of rt_qkv.h normalises a head's rows into it), read again only
+// when the head changes. Work items are (head instance, query block), consecutive per thread.
+template <typename T, typename Heads>
+void forward_impl(const Heads& heads, const T* table, const T* beta, T* out, T* lse, int64_t bh, int64_t h,
+                  int64_t n, int64_t d, int64_t dv, bool causal, int64_t bq, int64_t bk,
+                  const T* turns = nullptr) {
   const auto tabs = reversed_tables(table, h, n);
   const int64_t w = 2 * n - 1, nqb = (n + bq - 1) / bq;
   const T tiny = tiny34<T>(), inf = std::numeric_limits<T>::infinity();
   at::parallel_for(0, bh * nqb, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> s(bq * bk), acc(bq * dv), mx(bq), sum(bq), bm2(n);
+    std::vector<T> s(bq * bk), acc(bq * dv), mx(bq), sum(bq), bm2(n), scratch(heads.scratch());
+    HeadIn<T> in{};
     int64_t last_head = -1;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t x = task / nqb, q0 = (task % nqb) * bq, q1 = std::min(q0 + bq, n);
       const int rows = static_cast<int>(q1 - q0), hh = static_cast<int>(x % h);
-      const T* lm2x = lm2 + x * n;
-      if (x != last_head) {  // β m²_j of this head's keys
-        for (int64_t j = 0; j < n; ++j) bm2[j] = beta[hh] * std::exp(lm2x[j]);
+      if (x != last_head) {  // the head's rows, and β m²_j of its keys
+        in = heads.inputs(x, scratch.data());
+        for (int64_t j = 0; j < n; ++j) bm2[j] = beta[hh] * std::exp(in.lm2[j]);
         last_head = x;
       }
       std::fill(acc.begin(), acc.end(), T(0));
@@ -272,21 +337,21 @@ void forward_impl(Rows<T> q, Rows<T> k, Rows<T> v, const T* lm2, const T* table,
       const int64_t key_end = causal ? q1 : n;
       for (int64_t k0 = 0; k0 < key_end; k0 += bk) {
         const int cols = static_cast<int>(std::min(k0 + bk, key_end) - k0);
-        mm_abt<T>(rows, cols, d, q.at(x, q0), q.ld(), k.at(x, k0), k.ld(), T(0), s.data(), cols);
+        mm_abt<T>(rows, cols, d, in.q + q0 * in.ldq, in.ldq, in.k + k0 * in.ldk, in.ldk, T(0), s.data(), cols);
         for (int r = 0; r < rows; ++r) {
           const int64_t i = q0 + r;
           T* sr = s.data() + r * cols;
           const int width = causal ? static_cast<int>(std::clamp<int64_t>(i + 1 - k0, 0, cols)) : cols;
           const int64_t off = hh * w + (n - 1 - i + k0);
-          const Row<T> row{tabs.lc.data() + off, tabs.invc.data() + off, lm2x + k0, bm2.data() + k0};
-          const T row_max = width > 0 ? row_logits(sr, width, row, tiny) : -inf;
+          const Row<T> row{tabs.lc.data() + off, tabs.invc.data() + off, in.lm2 + k0, bm2.data() + k0};
+          const T row_max = width > 0 ? row_logits(sr, width, cols, row, tiny) : -inf;
           const T new_max = std::max(mx[r], row_max);
           if (new_max == -inf) {  // nothing seen yet in this row
             std::fill(sr, sr + cols, T(0));
             continue;
           }
-          const T psum = over_lanes<T>(width, T(0), add, [&](int j, auto lane) {
-            using L = decltype(lane);
+          const T psum = over_lanes<T>(width, cols, T(0), add, [&](int j, auto lane, auto) {
+            using L = decltype(lane);  // −inf past width: p = 0 there
             const L p = flush(exp_lane(load<L>(sr + j) - new_max), splat<L>(tiny), splat<L>(T(0)));
             store(sr + j, p);
             return p;
@@ -300,7 +365,7 @@ void forward_impl(Rows<T> q, Rows<T> k, Rows<T> v, const T* lm2, const T* table,
           sum[r] = sum[r] * rescale + psum;
           mx[r] = new_max;
         }
-        mm_ab<T>(rows, dv, cols, s.data(), cols, v.at(x, k0), v.ld(), T(1), acc.data(), dv);
+        mm_ab<T>(rows, dv, cols, s.data(), cols, in.v + k0 * in.ldv, in.ldv, T(1), acc.data(), dv);
       }
       for (int r = 0; r < rows; ++r) {
         T* o = out + (x * n + q0 + r) * dv;
@@ -313,51 +378,52 @@ void forward_impl(Rows<T> q, Rows<T> k, Rows<T> v, const T* lm2, const T* table,
   });
 }
 
-template <typename T>
-void backward_impl(Rows<T> q, Rows<T> k, Rows<T> v, const T* lm2, const T* table, const T* beta,
-                   const T* lse, const T* delta, Rows<T> dout, T* dq, T* dk, T* dv_, T* dlm2, T* dtab,
-                   T* dbeta, int64_t bh, int64_t h, int64_t n, int64_t d, int64_t dv, bool causal,
-                   int64_t bq, int64_t bk) {
+// One work item per head instance x: `heads.inputs` and `heads.grads` give its rows and zeroed
+// gradients (in a per-thread scratch of `heads.scratch()` values), `heads.finish` takes the gradients
+// on once the head is done. dtab (B·H, 2N − 1, reversed lag order) and dbeta (B·H,) get one row per
+// head instance: no races.
+template <typename T, typename Heads>
+void backward_impl(const Heads& heads, const T* table, const T* beta, const T* lse, T* dtab, T* dbeta, int64_t bh,
+                   int64_t h, int64_t n, int64_t d, int64_t dv, bool causal, int64_t bq, int64_t bk) {
   const auto tabs = reversed_tables(table, h, n);
   const int64_t w = 2 * n - 1;
   const T tiny = tiny34<T>();
-  // dtab: (B·H, 2N − 1) in the reversed order, one row per head instance (no races); dbeta (B·H,)
   at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> s(bq * bk), dp(bq * bk), bm2(n);
+    std::vector<T> s(bq * bk), dp(bq * bk), bm2(n), scratch(heads.scratch());
     for (int64_t x = begin; x < end; ++x) {
       const int hh = static_cast<int>(x % h);
-      const T* lm2x = lm2 + x * n;
+      const HeadIn<T> in = heads.inputs(x, scratch.data());
+      const HeadGrad<T> hg = heads.grads(x, scratch.data());
       T* dtabx = dtab + x * w;
-      T* dlm2x = dlm2 + x * n;
       T through_kappa = 0;
-      for (int64_t j = 0; j < n; ++j) bm2[j] = beta[hh] * std::exp(lm2x[j]);
+      for (int64_t j = 0; j < n; ++j) bm2[j] = beta[hh] * std::exp(in.lm2[j]);
       for (int64_t q0 = 0; q0 < n; q0 += bq) {
         const int64_t q1 = std::min(q0 + bq, n);
         const int rows = static_cast<int>(q1 - q0);
         const int64_t key_end = causal ? q1 : n;
-        const T* qb = q.at(x, q0);
-        const T* dob = dout.at(x, q0);
+        const T* qb = in.q + q0 * in.ldq;
+        const T* dob = hg.dout + q0 * hg.lddo;
         for (int64_t k0 = 0; k0 < key_end; k0 += bk) {
           const int cols = static_cast<int>(std::min(k0 + bk, key_end) - k0);
-          const T* kb = k.at(x, k0);
-          const T* vb = v.at(x, k0);
-          mm_abt<T>(rows, cols, d, qb, q.ld(), kb, k.ld(), T(0), s.data(), cols);
-          mm_abt<T>(rows, cols, dv, dob, dout.ld(), vb, v.ld(), T(0), dp.data(), cols);
+          const T* kb = in.k + k0 * in.ldk;
+          const T* vb = in.v + k0 * in.ldv;
+          mm_abt<T>(rows, cols, d, qb, in.ldq, kb, in.ldk, T(0), s.data(), cols);
+          mm_abt<T>(rows, cols, dv, dob, hg.lddo, vb, in.ldv, T(0), dp.data(), cols);
           for (int r = 0; r < rows; ++r) {
             const int64_t i = q0 + r;
             T* sr = s.data() + r * cols;  // dots in, P out
             T* dr = dp.data() + r * cols;  // dP in, ∂/∂dot out
             const int width = causal ? static_cast<int>(std::clamp<int64_t>(i + 1 - k0, 0, cols)) : cols;
             const int64_t off = hh * w + (n - 1 - i + k0);
-            const Row<T> row{tabs.lc.data() + off, tabs.invc.data() + off, lm2x + k0, bm2.data() + k0};
+            const Row<T> row{tabs.lc.data() + off, tabs.invc.data() + off, in.lm2 + k0, bm2.data() + k0};
             T* gtab = dtabx + (n - 1 - i + k0);
-            T* gm2 = dlm2x + k0;
-            const T li = lse[x * n + i], de = delta[x * n + i];
-            const T tk = over_lanes<T>(width, T(0), add, [&](int j, auto lane) {
-              using L = decltype(lane);
+            T* gm2 = hg.dlm2 + k0;
+            const T li = lse[x * n + i], de = hg.delta[i];
+            const T tk = over_lanes<T>(width, cols, T(0), add, [&](int j, auto lane, auto mask) {
+              using L = decltype(lane);  // past width p = 0, and with it every gradient term
               const L tn = splat<L>(tiny), zero = splat<L>(T(0));
               const L bk = row.template beta_kappa<L>(j, tiny), s_ = load<L>(sr + j);
-              const L p = flush(exp_lane(row.logit(j, s_, bk) - li), tn, zero);
+              const L p = keep(mask, flush(exp_lane(row.logit(j, s_, bk) - li), tn, zero), zero);
               const L ds = flush(p * (load<L>(dr + j) - de), tn, zero);
               const L ddot = flush(ds * bk, tn, zero);
               const L a = flush(ddot * (s_ - T(1)), tn, zero);  // the part through κ
@@ -372,12 +438,13 @@ void backward_impl(Rows<T> q, Rows<T> k, Rows<T> v, const T* lm2, const T* table
             std::fill(sr + width, sr + cols, T(0));
             std::fill(dr + width, dr + cols, T(0));
           }
-          mm_atb<T>(cols, dv, rows, s.data(), cols, dob, dout.ld(), T(1), dv_ + (x * n + k0) * dv, dv);
-          mm_ab<T>(rows, d, cols, dp.data(), cols, kb, k.ld(), T(1), dq + (x * n + q0) * d, d);
-          mm_atb<T>(cols, d, rows, dp.data(), cols, qb, q.ld(), T(1), dk + (x * n + k0) * d, d);
+          mm_atb<T>(cols, dv, rows, s.data(), cols, dob, hg.lddo, T(1), hg.dv + k0 * dv, dv);
+          mm_ab<T>(rows, d, cols, dp.data(), cols, kb, in.ldk, T(1), hg.dq + q0 * d, d);
+          mm_atb<T>(cols, d, rows, dp.data(), cols, qb, in.ldq, T(1), hg.dk + k0 * d, d);
         }
       }
       dbeta[x] = through_kappa / beta[hh];
+      heads.finish(x, hg);
     }
   });
 }
@@ -395,10 +462,22 @@ void check_rows(const torch::Tensor& t, const char* name) {
 }
 
 // The per-head-instance gradients of the backward (dtab in reversed lag order) → the table's
-// gradient (H, 2N − 1) in its own order (entry i − j + N − 1) and β's (H,), summed over the batch.
-std::pair<torch::Tensor, torch::Tensor> parameter_grads(const torch::Tensor& dtab, const torch::Tensor& dbeta,
-                                                        int64_t b, int64_t h, int64_t n) {
-  return {dtab.view({b, h, 2 * n - 1}).sum(0).flip(-1).contiguous(), dbeta.view({b, h}).sum(0)};
+// gradient (H, 2N − 1) in its own order (entry i − j + N − 1) and β's (H,), summed over the batch in
+// a fixed order (plain loops: a handful of tensor operations here cost more than the sums at small N).
+template <typename T>
+std::pair<torch::Tensor, torch::Tensor> parameter_grads(const T* dtab, const T* dbeta, int64_t b, int64_t h,
+                                                        int64_t n, const torch::TensorOptions& options) {
+  const int64_t w = 2 * n - 1;
+  auto table = torch::zeros({h, w}, options), beta = torch::zeros({h}, options);
+  T* gt = table.data_ptr<T>();
+  T* gb = beta.data_ptr<T>();
+  for (int64_t bb = 0; bb < b; ++bb)
+    for (int64_t hh = 0; hh < h; ++hh) {
+      const T* row = dtab + (bb * h + hh) * w;
+      for (int64_t e = 0; e < w; ++e) gt[hh * w + e] += row[w - 1 - e];
+      gb[hh] += dbeta[bb * h + hh];
+    }
+  return {table, beta};
 }
 
 }  // namespace
@@ -415,10 +494,11 @@ inline std::vector<torch::Tensor> rt_lag_forward(torch::Tensor q, torch::Tensor 
   auto out = torch::empty({b, h, n, dv}, v.options());
   auto lse = torch::empty({b, h, n}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "rt_lag_forward", [&] {
-    forward_impl<scalar_t>(rows_of<scalar_t>(q), rows_of<scalar_t>(k), rows_of<scalar_t>(v),
-                           lm2.data_ptr<scalar_t>(), table.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(),
-                           out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(), b * h, h, n, d, dv, causal,
-                           bq, bk);
+    const StoredHeads<scalar_t> heads{rows_of<scalar_t>(q), rows_of<scalar_t>(k), rows_of<scalar_t>(v),
+                                      {}, lm2.data_ptr<scalar_t>(), nullptr, nullptr, nullptr, nullptr, nullptr,
+                                      n, d, dv};
+    forward_impl<scalar_t>(heads, table.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                           lse.data_ptr<scalar_t>(), b * h, h, n, d, dv, causal, bq, bk);
   });
   return {out, lse};
 }
@@ -439,15 +519,18 @@ inline std::vector<torch::Tensor> rt_lag_backward(torch::Tensor q, torch::Tensor
   auto dvt = torch::zeros(v.sizes(), v.options());
   auto dlm2 = torch::zeros_like(lm2);
   auto dtab = torch::zeros({b * h, 2 * n - 1}, q.options());  // reversed lag order per head instance
-  auto dbeta = torch::zeros({b * h}, q.options());
+  auto dbeta = torch::empty({b * h}, q.options());
+  std::pair<torch::Tensor, torch::Tensor> param_grads;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "rt_lag_backward", [&] {
-    backward_impl<scalar_t>(rows_of<scalar_t>(q), rows_of<scalar_t>(k), rows_of<scalar_t>(v),
-                            lm2.data_ptr<scalar_t>(), table.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(),
-                            lse.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(), rows_of<scalar_t>(grad_out),
-                            dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dvt.data_ptr<scalar_t>(),
-                            dlm2.data_ptr<scalar_t>(), dtab.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>(),
-                            b * h, h, n, d, dv, causal, bq, bk);
+    const StoredHeads<scalar_t> heads{rows_of<scalar_t>(q),         rows_of<scalar_t>(k),       rows_of<scalar_t>(v),
+                                      rows_of<scalar_t>(grad_out),  lm2.data_ptr<scalar_t>(),   delta.data_ptr<scalar_t>(),
+                                      dq.data_ptr<scalar_t>(),      dk.data_ptr<scalar_t>(),    dvt.data_ptr<scalar_t>(),
+                                      dlm2.data_ptr<scalar_t>(),    n,                          d,
+                                      dv};
+    backward_impl<scalar_t>(heads, table.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(),
+                            dtab.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>(), b * h, h, n, d, dv, causal, bq,
+                            bk);
+    param_grads = parameter_grads(dtab.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>(), b, h, n, q.options());
   });
-  auto [d_table, d_beta] = parameter_grads(dtab, dbeta, b, h, n);
-  return {dq, dk, dvt, dlm2, d_table, d_beta};
+  return {dq, dk, dvt, dlm2, param_grads.first, param_grads.second};
 }

@@ -40,11 +40,6 @@ struct Qkv {
   const T* scale(int part, int64_t head) const { return metric && part < 2 ? metric + head * d : nullptr; }
   const T* turn(int64_t head, int64_t i) const { return turns ? turns + (head * n + i) * d : nullptr; }
   bool unit(int part) const { return part < 2 || normalize_values; }
-  // unit-layout offset of (part, batch, head, token): (3, B, H, N, D)
-  int64_t at(int part, int64_t bb, int64_t head, int64_t i) const {
-    return (((part * b + bb) * h + head) * n + i) * d;
-  }
-  Rows<T> rows(const T* units, int part) const { return {units + part * b * h * n * d, h, h * n * d, n * d, d}; }
 };
 
 // Rows are handled in lanes (rt_lag.h): 16 float32s at a time where D is a multiple of 16, else one
@@ -101,114 +96,119 @@ inline T inverse_norm(T norm2, bool unit) {
   return unit ? T(1) / std::sqrt(std::max(norm2, static_cast<T>(kUnitEps2))) : T(1);
 }
 
-// qkv → units (3, B, H, N, D) in the common frame and log m² (B, H, N).
+// The heads of the fused entry, for forward_impl and backward_impl (rt_lag.h): a head instance's rows
+// are normalised and turned into the common frame when its work item starts, in a per-thread scratch
+// that stays in cache for the attention, and its gradients go back through the normalisation into
+// ∂qkv as soon as its backward is done: no (3, B, H, N, D) copy of the units, and one parallel
+// region each way. Scratch (in values): units (3, N, D), log m² (N), then for the backward ∂o in the
+// common frame (N, D), δ (N), ∂units (3, N, D) and ∂log m² (N).
 template <typename L, typename T>
-void prepare_forward_lanes(const Qkv<T>& s, T* units, T* lm2) {
-  const T tiny = std::numeric_limits<T>::min();
-  at::parallel_for(0, s.b * s.n, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t token = begin; token < end; ++token) {
-      const int64_t bb = token / s.n, i = token % s.n;
-      for (int part = 0; part < 3; ++part)
-        for (int64_t hh = 0; hh < s.h; ++hh) {
-          const T* x = s.row(token, part, hh);
-          const T* scale = s.scale(part, hh);
-          const auto [norm2, raw2] = row_norms<L>(x, scale, s.d);
-          if (part == 1)
-            lm2[(bb * s.h + hh) * s.n + i] = s.magnitudes ? std::log(std::max(raw2 * s.key_scale2, tiny)) : T(0);
-          const L inv = splat<L>(inverse_norm(norm2, s.unit(part)));
-          T* u = units + s.at(part, bb, hh, i);
-          for (int64_t c = 0; c < s.d; c += width_of<L>) {
-            const L xv = load<L>(x + c);
-            store(u + c, (scale ? xv * load<L>(scale + c) : xv) * inv);
-          }
-          if (s.turns) turn_row<L>(u, u, s.turn(hh, i), s.d, T(-1));
+struct QkvHeads {
+  Qkv<T> s;
+  const T* out = nullptr;  // (B, H, N, D) in the queries' frames, and ∂o's rows (backward)
+  Rows<T> grad_out{};
+  T *gqkv = nullptr, *gmetric = nullptr;        // ∂qkv (B, N, 3, H, D); ∂metric per head instance (B·H, D)
+
+  int64_t scratch() const { return (out ? 7 * s.d + 3 : 3 * s.d + 1) * s.n; }
+
+  // q, k, v of head instance x as units in the common frame, and log m²_i = log max(key_scale² |k_i|², tiny)
+  HeadIn<T> inputs(int64_t x, T* scratch) const {
+    const T tiny = std::numeric_limits<T>::min();
+    const int64_t bb = x / s.h, hh = x % s.h, n = s.n, d = s.d;
+    T* units = scratch;
+    T* lm2 = scratch + 3 * n * d;
+    for (int64_t i = 0; i < n; ++i)
+      for (int part = 0; part < 3; ++part) {
+        const T* row = s.row(bb * n + i, part, hh);
+        const T* scale = s.scale(part, hh);
+        const auto [norm2, raw2] = row_norms<L>(row, scale, d);
+        if (part == 1) lm2[i] = s.magnitudes ? std::log(std::max(raw2 * s.key_scale2, tiny)) : T(0);
+        const L inv = splat<L>(inverse_norm(norm2, s.unit(part)));
+        T* u = units + (part * n + i) * d;
+        for (int64_t c = 0; c < d; c += width_of<L>) {
+          const L xv = load<L>(row + c);
+          store(u + c, (scale ? xv * load<L>(scale + c) : xv) * inv);
         }
-    }
-  });
-}
-
-template <typename T>
-void prepare_forward(const Qkv<T>& s, T* units, T* lm2) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (s.d % kLanes == 0) {
-      prepare_forward_lanes<vf>(s, units, lm2);
-      return;
-    }
-  }
-  prepare_forward_lanes<T>(s, units, lm2);
-}
-
-// The gradients of the units (3, B, H, N, D, common frame) and of log m² (B, H, N, or null) →
-// ∂qkv (B, N, 3, H, D) and, with a metric, per-chunk sums of ∂metric (chunks, H, D). Per row, with
-// u = y/|y|: ∂y = (∂u − ⟨∂u, u⟩ u)/|y| (no radial part at the clamp), ∂x = ∂y ⊙ metric,
-// ∂metric += ∂y ⊙ x, and for keys ∂x += 2 ∂log m² x/|x|² (none where the magnitude sits at the clamp).
-template <typename L, typename T>
-void prepare_backward_lanes(const Qkv<T>& s, const T* gunits, const T* glm2, T* gqkv, T* partial, int64_t chunks) {
-  const T tiny = std::numeric_limits<T>::min();
-  const int64_t tokens = s.b * s.n, hd = s.h * s.d;
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> g(s.d);
-    for (int64_t chunk = begin; chunk < end; ++chunk)
-      for (int64_t token = chunk * tokens / chunks; token < (chunk + 1) * tokens / chunks; ++token) {
-        const int64_t bb = token / s.n, i = token % s.n;
-        for (int part = 0; part < 3; ++part)
-          for (int64_t hh = 0; hh < s.h; ++hh) {
-            const T* x = s.row(token, part, hh);
-            const T* scale = s.scale(part, hh);
-            const T* gu = gunits + s.at(part, bb, hh, i);
-            if (s.turns) {  // ∂u back into the token's own frame
-              turn_row<L>(gu, g.data(), s.turn(hh, i), s.d, T(1));
-              gu = g.data();
-            }
-            L n2 = splat<L>(T(0)), r2 = splat<L>(T(0)), gy2 = splat<L>(T(0));
-            for (int64_t c = 0; c < s.d; c += width_of<L>) {
-              const L xv = load<L>(x + c), yv = scale ? xv * load<L>(scale + c) : xv;
-              n2 += yv * yv;
-              r2 += xv * xv;
-              gy2 += load<L>(gu + c) * yv;
-            }
-            const T norm2 = lane_sum(n2), raw2 = lane_sum(r2);
-            const T inv = inverse_norm(norm2, s.unit(part));
-            const bool radial = s.unit(part) && norm2 > static_cast<T>(kUnitEps2);
-            const L along = splat<L>(radial ? lane_sum(gy2) * inv * inv : T(0));  // ⟨∂u, u⟩/|y| on y = |y| u
-            const bool magnitude = part == 1 && glm2 && raw2 * s.key_scale2 >= tiny;
-            const L f = splat<L>(magnitude ? 2 * glm2[(bb * s.h + hh) * s.n + i] / raw2 : T(0));
-            T* gx = gqkv + ((token * 3 + part) * s.h + hh) * s.d;
-            T* acc = scale && partial ? partial + chunk * hd + hh * s.d : nullptr;
-            const L vinv = splat<L>(inv);
-            for (int64_t c = 0; c < s.d; c += width_of<L>) {
-              const L xv = load<L>(x + c), yv = scale ? xv * load<L>(scale + c) : xv;
-              const L gy = (load<L>(gu + c) - along * yv) * vinv;
-              store(gx + c, (scale ? gy * load<L>(scale + c) : gy) + f * xv);
-              if (acc) store(acc + c, load<L>(acc + c) + gy * xv);
-            }
-          }
+        if (s.turns) turn_row<L>(u, u, s.turn(hh, i), d, T(-1));
       }
-  });
-}
-
-template <typename T>
-void prepare_backward(const Qkv<T>& s, const T* gunits, const T* glm2, T* gqkv, T* gmetric) {
-  const int64_t tokens = s.b * s.n, hd = s.h * s.d;
-  // ∂metric summed per fixed chunk of tokens, then over the chunks: no races, and the same sums
-  // whatever the number of threads
-  const int64_t chunks = std::min<int64_t>(tokens, 64);
-  std::vector<T> partial(gmetric ? chunks * hd : 0, T(0));
-  T* sums = gmetric ? partial.data() : nullptr;
-  bool done = false;
-  if constexpr (std::is_same_v<T, float>) {
-    if (s.d % kLanes == 0) {
-      prepare_backward_lanes<vf>(s, gunits, glm2, gqkv, sums, chunks);
-      done = true;
-    }
+    const int ld = static_cast<int>(d);
+    return {units, units + n * d, units + 2 * n * d, lm2, ld, ld, ld};
   }
-  if (!done) prepare_backward_lanes<T>(s, gunits, glm2, gqkv, sums, chunks);
-  if (gmetric)
-    for (int64_t e = 0; e < hd; ++e) {
-      double total = 0;
-      for (int64_t chunk = 0; chunk < chunks; ++chunk) total += partial[chunk * hd + e];
-      gmetric[e] = static_cast<T>(total);
+
+  // ∂o of head instance x turned into the common frame, δ_i = ⟨∂o_i, o_i⟩ (the same in either frame)
+  // and zeroed gradients
+  HeadGrad<T> grads(int64_t x, T* scratch) const {
+    const int64_t hh = x % s.h, n = s.n, d = s.d;
+    T* gout = scratch + (3 * d + 1) * n;
+    T* delta = gout + n * d;
+    T* gunits = delta + n;
+    T* glm2 = gunits + 3 * n * d;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* src = grad_out.at(x, i);
+      const T* o = out + (x * n + i) * d;
+      T* dst = gout + i * d;
+      L dot = splat<L>(T(0));
+      for (int64_t c = 0; c < d; c += width_of<L>) dot += load<L>(src + c) * load<L>(o + c);
+      delta[i] = lane_sum(dot);
+      if (s.turns)
+        turn_row<L>(src, dst, s.turn(hh, i), d, T(-1));
+      else
+        std::copy(src, src + d, dst);
     }
+    std::fill(gunits, gunits + 3 * n * d + n, T(0));
+    const int ld = static_cast<int>(d);
+    return {gout, delta, ld, gunits, gunits + n * d, gunits + 2 * n * d, glm2};
+  }
+
+  // The units' gradients → ∂qkv rows of head instance x, and its share of ∂metric. Per row, with
+  // u = y/|y|: ∂y = (∂u − ⟨∂u, u⟩ u)/|y| (no radial part at the clamp), ∂x = ∂y ⊙ metric,
+  // ∂metric += ∂y ⊙ x, and for keys ∂x += 2 ∂log m² x/|x|² (none where the magnitude sits at the clamp).
+  void finish(int64_t x, const HeadGrad<T>& hg) const {
+    const T tiny = std::numeric_limits<T>::min();
+    const int64_t bb = x / s.h, hh = x % s.h, n = s.n, d = s.d;
+    T* acc = gmetric ? gmetric + x * d : nullptr;
+    if (acc) std::fill(acc, acc + d, T(0));
+    for (int64_t i = 0; i < n; ++i)
+      for (int part = 0; part < 3; ++part) {
+        const int64_t token = bb * n + i;
+        const T* row = s.row(token, part, hh);
+        const T* scale = s.scale(part, hh);
+        T* gu = hg.dq + (part * n + i) * d;  // ∂units (3, N, D) start at ∂q
+        if (s.turns) turn_row<L>(gu, gu, s.turn(hh, i), d, T(1));  // back into the token's own frame
+        L n2 = splat<L>(T(0)), r2 = splat<L>(T(0)), gy2 = splat<L>(T(0));
+        for (int64_t c = 0; c < d; c += width_of<L>) {
+          const L xv = load<L>(row + c), yv = scale ? xv * load<L>(scale + c) : xv;
+          n2 += yv * yv;
+          r2 += xv * xv;
+          gy2 += load<L>(gu + c) * yv;
+        }
+        const T norm2 = lane_sum(n2), raw2 = lane_sum(r2);
+        const T inv = inverse_norm(norm2, s.unit(part));
+        const bool radial = s.unit(part) && norm2 > static_cast<T>(kUnitEps2);
+        const L along = splat<L>(radial ? lane_sum(gy2) * inv * inv : T(0));  // ⟨∂u, u⟩/|y| on y = |y| u
+        const bool magnitude = part == 1 && s.magnitudes && raw2 * s.key_scale2 >= tiny;
+        const L f = splat<L>(magnitude ? 2 * hg.dlm2[i] / raw2 : T(0));
+        T* gx = gqkv + ((token * 3 + part) * s.h + hh) * d;
+        T* acc_row = scale ? acc : nullptr;  // q and k only
+        const L vinv = splat<L>(inv);
+        for (int64_t c = 0; c < d; c += width_of<L>) {
+          const L xv = load<L>(row + c), yv = scale ? xv * load<L>(scale + c) : xv;
+          const L gy = (load<L>(gu + c) - along * yv) * vinv;
+          store(gx + c, (scale ? gy * load<L>(scale + c) : gy) + f * xv);
+          if (acc_row) store(acc_row + c, load<L>(acc_row + c) + gy * xv);
+        }
+      }
+  }
+};
+
+// Runs f(heads) with the lanes that fit the rows: 16 float32s at a time where D is a multiple of 16,
+// else one value at a time.
+template <typename T, typename F>
+void with_qkv_heads(const Qkv<T>& s, F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.d % kLanes == 0) return f(QkvHeads<vf, T>{s});
+  }
+  f(QkvHeads<T, T>{s});
 }
 
 // log c(ℓ) = log(η_t² + σ_t² ℓ E(2 μ_r ℓ)), E(x) = (e^x − 1)/x, for the lags ℓ = 0 … N − 1 of every
@@ -266,21 +266,26 @@ LagTable lag_table(const T* mu_r, const T* sigma_t2, const T* eta_t2, int64_t h,
   return t;
 }
 
-// ∂table (H, 2N − 1) → ∂μ_r, ∂σ_t², ∂η_t² (H,): each lag's two entries (±ℓ) through its derivatives.
+// ∂table (H, 2N − 1) → ∂μ_r, ∂σ_t², ∂η_t² (H,): each lag's two entries (±ℓ) through its derivatives,
+// summed in double.
+template <typename T>
 std::vector<torch::Tensor> lag_table_grads(const LagTable& t, const torch::Tensor& d_table) {
-  const auto dt = d_table.to(torch::kDouble).contiguous();
-  const double* g = dt.data_ptr<double>();
-  auto grads = torch::zeros({3, t.h}, dt.options());
-  double* out = grads.data_ptr<double>();
+  const T* g = d_table.data_ptr<T>();
+  std::vector<torch::Tensor> grads;
+  for (int which = 0; which < 3; ++which) grads.push_back(torch::empty({t.h}, d_table.options()));
   const int64_t n = t.n, w = 2 * n - 1;
-  for (int64_t hh = 0; hh < t.h; ++hh)
+  for (int64_t hh = 0; hh < t.h; ++hh) {
+    double mu = 0, sigma = 0, eta = 0;
     for (int64_t lag = 0; lag < n; ++lag) {
-      const double gl = g[hh * w + n - 1 + lag] + (lag > 0 ? g[hh * w + n - 1 - lag] : 0.0);
+      const double gl = static_cast<double>(g[hh * w + n - 1 + lag]) + (lag > 0 ? g[hh * w + n - 1 - lag] : 0.0);
       const int64_t e = hh * n + lag;
-      out[hh] += gl * t.d_mu[e], out[t.h + hh] += gl * t.d_sigma[e], out[2 * t.h + hh] += gl * t.d_eta[e];
+      mu += gl * t.d_mu[e], sigma += gl * t.d_sigma[e], eta += gl * t.d_eta[e];
     }
-  const auto grads_t = grads.to(d_table.scalar_type());
-  return {grads_t[0].clone(), grads_t[1].clone(), grads_t[2].clone()};  // three tensors, no shared storage
+    grads[0].data_ptr<T>()[hh] = static_cast<T>(mu);
+    grads[1].data_ptr<T>()[hh] = static_cast<T>(sigma);
+    grads[2].data_ptr<T>()[hh] = static_cast<T>(eta);
+  }
+  return grads;
 }
 
 template <typename T>
@@ -334,18 +339,15 @@ inline std::vector<torch::Tensor> rt_qkv_forward(torch::Tensor qkv, torch::Tenso
                                                  int64_t bq, int64_t bk) {
   check_qkv(qkv, metric, turns), check_params(params, qkv.size(3));
   const int64_t b = qkv.size(0), n = qkv.size(1), h = qkv.size(3), d = qkv.size(4);
-  auto units = torch::empty({3, b, h, n, d}, qkv.options());
-  auto lm2 = torch::empty({b, h, n}, qkv.options());
   auto out = torch::empty({b, h, n, d}, qkv.options());
   auto lse = torch::empty({b, h, n}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "rt_qkv_forward", [&] {
     const auto s = qkv_inputs<scalar_t>(qkv, metric, turns, magnitudes, key_scale, normalize_values);
     const auto table = lag_table_of<scalar_t>(params, n, far).template relative<scalar_t>();
-    scalar_t* u = units.data_ptr<scalar_t>();
-    prepare_forward(s, u, lm2.data_ptr<scalar_t>());
-    forward_impl<scalar_t>(s.rows(u, 0), s.rows(u, 1), s.rows(u, 2), lm2.data_ptr<scalar_t>(), table.data(),
-                           params[3].data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(),
-                           b * h, h, n, d, d, causal, bq, bk, s.turns);
+    with_qkv_heads(s, [&](const auto& heads) {
+      forward_impl<scalar_t>(heads, table.data(), params[3].data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                             lse.data_ptr<scalar_t>(), b * h, h, n, d, d, causal, bq, bk, s.turns);
+    });
   });
   return {out, lse};
 }
@@ -360,48 +362,36 @@ inline std::vector<torch::Tensor> rt_qkv_backward(torch::Tensor qkv, torch::Tens
   check_qkv(qkv, metric, turns), check_params(params, qkv.size(3));
   check(out, "out", 4), check(lse, "lse", 3), check_rows(grad_out, "grad_out");
   const int64_t b = qkv.size(0), n = qkv.size(1), h = qkv.size(3), d = qkv.size(4);
-  // rowsum(dO ⊙ O) is the same in the query's frame as in the common one
-  auto delta = (grad_out * out).sum(-1).contiguous();
-  auto units = torch::empty({3, b, h, n, d}, qkv.options());
-  auto lm2 = torch::empty({b, h, n}, qkv.options());
-  auto gout = torch::empty({b, h, n, d}, qkv.options());
-  auto gunits = torch::zeros({3, b, h, n, d}, qkv.options());
-  auto dlm2 = torch::zeros({b, h, n}, qkv.options());
-  auto dtab = torch::zeros({b * h, 2 * n - 1}, qkv.options());
-  auto dbeta = torch::zeros({b * h}, qkv.options());
-  auto gqkv = units.view(qkv.sizes());  // the units' storage, free again once the attention's backward is done
+  auto gqkv = torch::empty(qkv.sizes(), qkv.options());
+  auto dtab = torch::zeros({b * h, 2 * n - 1}, qkv.options());  // reversed lag order per head instance
+  auto dbeta = torch::empty({b * h}, qkv.options());
   auto gmetric = metric.numel() ? torch::empty_like(metric) : torch::empty({0}, qkv.options());
   std::vector<torch::Tensor> param_grads;  // ∂μ_r, ∂σ_t², ∂η_t², ∂β
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "rt_qkv_backward", [&] {
     const auto s = qkv_inputs<scalar_t>(qkv, metric, turns, magnitudes, key_scale, normalize_values);
     const auto lags = lag_table_of<scalar_t>(params, n, far);
     const auto table = lags.template relative<scalar_t>();
-    scalar_t* u = units.data_ptr<scalar_t>();
-    prepare_forward(s, u, lm2.data_ptr<scalar_t>());
-    const auto go = rows_of<scalar_t>(grad_out);
-    scalar_t* g = gout.data_ptr<scalar_t>();
-    at::parallel_for(0, b * h, 1, [&](int64_t begin, int64_t end) {  // ∂o into the common frame
-      for (int64_t x = begin; x < end; ++x)
-        for (int64_t i = 0; i < n; ++i) {
-          const scalar_t* src = go.at(x, i);
-          scalar_t* dst = g + (x * n + i) * d;
-          if (s.turns)
-            turn_pairs(src, dst, s.turn(x % h, i), d / 2, scalar_t(-1));
-          else
-            std::copy(src, src + d, dst);
-        }
+    // ∂metric per head instance, summed over the batch below in a fixed order: no races, and the same
+    // sums whatever the number of threads
+    std::vector<scalar_t> partial(metric.numel() ? b * h * d : 0);
+    with_qkv_heads(s, [&](auto heads) {
+      heads.out = out.data_ptr<scalar_t>(), heads.grad_out = rows_of<scalar_t>(grad_out);
+      heads.gqkv = gqkv.data_ptr<scalar_t>(), heads.gmetric = partial.empty() ? nullptr : partial.data();
+      backward_impl<scalar_t>(heads, table.data(), params[3].data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(),
+                              dtab.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>(), b * h, h, n, d, d, causal,
+                              bq, bk);
     });
-    scalar_t* gu = gunits.data_ptr<scalar_t>();
-    const int64_t part = b * h * n * d;
-    backward_impl<scalar_t>(s.rows(u, 0), s.rows(u, 1), s.rows(u, 2), lm2.data_ptr<scalar_t>(), table.data(),
-                            params[3].data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(),
-                            delta.data_ptr<scalar_t>(), rows_of<scalar_t>(gout), gu, gu + part, gu + 2 * part,
-                            dlm2.data_ptr<scalar_t>(), dtab.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>(),
-                            b * h, h, n, d, d, causal, bq, bk);
-    prepare_backward(s, gu, magnitudes ? dlm2.data_ptr<scalar_t>() : nullptr, gqkv.data_ptr<scalar_t>(),
-                     metric.numel() ? gmetric.data_ptr<scalar_t>() : nullptr);
-    const auto [d_table, d_beta] = parameter_grads(dtab, dbeta, b, h, n);
-    param_grads = lag_table_grads(lags, d_table);
+    if (!partial.empty()) {
+      scalar_t* gm = gmetric.data_ptr<scalar_t>();
+      for (int64_t e = 0; e < h * d; ++e) {
+        double total = 0;
+        for (int64_t bb = 0; bb < b; ++bb) total += partial[bb * h * d + e];
+        gm[e] = static_cast<scalar_t>(total);
+      }
+    }
+    const auto [d_table, d_beta] = parameter_grads(dtab.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>(), b, h, n,
+                                                   qkv.options());
+    param_grads = lag_table_grads<scalar_t>(lags, d_table);
     param_grads.push_back(d_beta);
   });
   return {gqkv, gmetric, param_grads[0], param_grads[1], param_grads[2], param_grads[3]};
