@@ -149,6 +149,17 @@ inline L exp_lane(L x) {
   }
 }
 
+// op over the 16 lanes as a tree (four steps) rather than a chain of sixteen: it ends every row.
+template <typename Op>
+inline float lane_reduce(vf v, Op op) {
+  using v8 = float __attribute__((vector_size(32)));
+  using v4 = float __attribute__((vector_size(16)));
+  const v8 a = op(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+  const v4 b = op(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(a, a, 4, 5, 6, 7));
+  return op(op(b[0], b[2]), op(b[1], b[3]));
+}
+
 // Which lanes of the vector at j lie before `width` (always true one value at a time), and x where
 // they do, `other` where not.
 template <typename L>
@@ -180,7 +191,7 @@ inline T over_lanes(int width, int span, T init, Op op, F&& f) {
   if constexpr (std::is_same_v<T, float>) {
     vf vacc = splat<vf>(init);
     for (; j < width && j + kLanes <= span; j += kLanes) vacc = op(vacc, f(j, vf{}, lanes_before<vf>(j, width)));
-    for (int l = 0; l < kLanes; ++l) acc = op(acc, static_cast<float>(vacc[l]));
+    acc = op(acc, lane_reduce(vacc, op));
   }
   for (; j < width; ++j) acc = op(acc, f(j, T{}, true));
   return acc;
@@ -274,11 +285,18 @@ inline void turn_pairs(const T* x, T* y, const T* turns, int64_t pairs, T sign) 
 }
 
 // What the attention reads of one head instance x: its q, k, v rows (each with its row stride, the
-// matmuls' leading dimension) and its keys' log m² (N,).
+// matmuls' leading dimension), its keys' log m² (N,) and, where the source has them, m² itself (else
+// null: e^{log m²}).
 template <typename T>
 struct HeadIn {
   const T *q, *k, *v, *lm2;
   int ldq, ldk, ldv;
+  const T* m2 = nullptr;
+
+  // β m²_j of the head's keys
+  void scaled_m2(T beta, T* out, int64_t n) const {
+    for (int64_t j = 0; j < n; ++j) out[j] = beta * (m2 ? m2[j] : std::exp(lm2[j]));
+  }
 };
 
 // What the backward reads and writes of one head instance: ∂o's rows (common frame), the rowsums
@@ -328,7 +346,7 @@ void forward_impl(const Heads& heads, const T* table, const T* beta, T* out, T* 
       const int rows = static_cast<int>(q1 - q0), hh = static_cast<int>(x % h);
       if (x != last_head) {  // the head's rows, and β m²_j of its keys
         in = heads.inputs(x, scratch.data());
-        for (int64_t j = 0; j < n; ++j) bm2[j] = beta[hh] * std::exp(in.lm2[j]);
+        in.scaled_m2(beta[hh], bm2.data(), n);
         last_head = x;
       }
       std::fill(acc.begin(), acc.end(), T(0));
@@ -396,7 +414,7 @@ void backward_impl(const Heads& heads, const T* table, const T* beta, const T* l
       const HeadGrad<T> hg = heads.grads(x, scratch.data());
       T* dtabx = dtab + x * w;
       T through_kappa = 0;
-      for (int64_t j = 0; j < n; ++j) bm2[j] = beta[hh] * std::exp(in.lm2[j]);
+      in.scaled_m2(beta[hh], bm2.data(), n);
       for (int64_t q0 = 0; q0 < n; q0 += bq) {
         const int64_t q1 = std::min(q0 + bq, n);
         const int rows = static_cast<int>(q1 - q0);

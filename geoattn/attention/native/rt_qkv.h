@@ -51,12 +51,7 @@ constexpr int64_t width_of = std::is_same_v<L, vf> ? kLanes : 1;
 template <typename L>
 inline auto lane_sum(L v) {
   if constexpr (std::is_same_v<L, vf>) {
-    using v8 = float __attribute__((vector_size(32)));
-    using v4 = float __attribute__((vector_size(16)));
-    const v8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    const v4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
-    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+    return lane_reduce(v, add);
   } else {
     return v;
   }
@@ -100,7 +95,7 @@ inline T inverse_norm(T norm2, bool unit) {
 // are normalised and turned into the common frame when its work item starts, in a per-thread scratch
 // that stays in cache for the attention, and its gradients go back through the normalisation into
 // ∂qkv as soon as its backward is done: no (3, B, H, N, D) copy of the units, and one parallel
-// region each way. Scratch (in values): units (3, N, D), log m² (N), then for the backward ∂o in the
+// region each way. Scratch (in values): units (3, N, D), log m² (N), m² (N), then for the backward ∂o in the
 // common frame (N, D), δ (N), ∂units (3, N, D) and ∂log m² (N).
 template <typename L, typename T>
 struct QkvHeads {
@@ -109,20 +104,25 @@ struct QkvHeads {
   Rows<T> grad_out{};
   T *gqkv = nullptr, *gmetric = nullptr;        // ∂qkv (B, N, 3, H, D); ∂metric per head instance (B·H, D)
 
-  int64_t scratch() const { return (out ? 7 * s.d + 3 : 3 * s.d + 1) * s.n; }
+  int64_t scratch() const { return (out ? 7 * s.d + 4 : 3 * s.d + 2) * s.n; }
 
-  // q, k, v of head instance x as units in the common frame, and log m²_i = log max(key_scale² |k_i|², tiny)
+  // q, k, v of head instance x as units in the common frame, m²_i = max(key_scale² |k_i|², tiny) and its log
+  // (1 and 0 without magnitudes)
   HeadIn<T> inputs(int64_t x, T* scratch) const {
     const T tiny = std::numeric_limits<T>::min();
     const int64_t bb = x / s.h, hh = x % s.h, n = s.n, d = s.d;
     T* units = scratch;
     T* lm2 = scratch + 3 * n * d;
+    T* m2 = lm2 + n;
     for (int64_t i = 0; i < n; ++i)
       for (int part = 0; part < 3; ++part) {
         const T* row = s.row(bb * n + i, part, hh);
         const T* scale = s.scale(part, hh);
         const auto [norm2, raw2] = row_norms<L>(row, scale, d);
-        if (part == 1) lm2[i] = s.magnitudes ? std::log(std::max(raw2 * s.key_scale2, tiny)) : T(0);
+        if (part == 1) {
+          m2[i] = s.magnitudes ? std::max(raw2 * s.key_scale2, tiny) : T(1);
+          lm2[i] = s.magnitudes ? std::log(m2[i]) : T(0);
+        }
         const L inv = splat<L>(inverse_norm(norm2, s.unit(part)));
         T* u = units + (part * n + i) * d;
         for (int64_t c = 0; c < d; c += width_of<L>) {
@@ -132,14 +132,14 @@ struct QkvHeads {
         if (s.turns) turn_row<L>(u, u, s.turn(hh, i), d, T(-1));
       }
     const int ld = static_cast<int>(d);
-    return {units, units + n * d, units + 2 * n * d, lm2, ld, ld, ld};
+    return {units, units + n * d, units + 2 * n * d, lm2, ld, ld, ld, m2};
   }
 
   // ∂o of head instance x turned into the common frame, δ_i = ⟨∂o_i, o_i⟩ (the same in either frame)
   // and zeroed gradients
   HeadGrad<T> grads(int64_t x, T* scratch) const {
     const int64_t hh = x % s.h, n = s.n, d = s.d;
-    T* gout = scratch + (3 * d + 1) * n;
+    T* gout = scratch + (3 * d + 2) * n;
     T* delta = gout + n * d;
     T* gunits = delta + n;
     T* glm2 = gunits + 3 * n * d;
