@@ -112,17 +112,20 @@ def test_native_kernel_matches_reference(entry, regime, causal, blocks, monkeypa
         torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-10, msg=f"gradient of {name}")
 
 
+@pytest.mark.parametrize("blocks", [(64, 256), (16, 24)], ids=["default-blocks", "many-blocks"])
 @pytest.mark.parametrize("flushed", [True, False], ids=["subnormals-flushed", "subnormals-kept"])
 @pytest.mark.parametrize(("entry", "d"), [("qkv", 8), ("qkv", 32), ("lag", 8)])
-def test_native_float32_matches_the_python_kernel_and_the_reference(entry, d, flushed, monkeypatch):
+def test_native_float32_matches_the_python_kernel_and_the_reference(entry, d, flushed, blocks, monkeypatch):
     """float32 with wide key magnitudes (sharp weights, factors that would be subnormal): the native
     kernel, the Python blockwise loops and the float64 reference agree, whether or not the CPU flushes
     subnormals (the native kernel flushes below tiny^¾ itself, like `flush_small`). D = 32 runs the
     fused entry's rows in whole SIMD lanes, D = 8 one value at a time. At D = 32 the fused entry,
     which normalises and rotates in its own loops, is the more accurate of the two float32 kernels
     (the Python path rounds between its passes), so the check there is that it is no farther from
-    the float64 reference than the Python path is."""
+    the float64 reference than the Python path is. Many blocks: key blocks of 24 columns, whose
+    causal rows end in a masked vector of 16 lanes or in single values past the last whole vector."""
     monkeypatch.setattr(subnormals, "_flushed", flushed)
+    monkeypatch.setattr(rt, "NATIVE_BLOCKS", blocks)
     if entry == "lag":
         _lag_entry(monkeypatch)
     out, grads = _run("blockwise", F32, "general", True, spread=12.0, d=d)

@@ -4,9 +4,9 @@
 //
 // In Python (geoattn.attention.rt_kernel) these are separate passes over (B, N, 3, H, D) around the
 // kernel: `_prepare` (normalise, rotate by −θ, lay out head-major), then `_rotate` (by +θ) of the
-// output, forward and backward. Here a token's three rows are normalised and turned while in cache,
-// the output is turned as it is written, and the backward recomputes the units from qkv instead of
-// keeping a second copy of it.
+// output, forward and backward. Here each head instance's rows are normalised and turned when its
+// work item starts, into a per-thread scratch that the attention then reads from cache, the output is
+// turned as it is written, and the backward recomputes the units from qkv instead of keeping a copy.
 //
 // Per token i, head h, with y = x ⊙ metric for q and k (x for v), θ_ip = i·ω_hp:
 //
@@ -43,8 +43,7 @@ struct Qkv {
 };
 
 // Rows are handled in lanes (rt_lag.h): 16 float32s at a time where D is a multiple of 16, else one
-// value at a time. A row of D = 32 is short, so its sums end in a tree of lane additions rather than
-// a chain of sixteen.
+// value at a time; a row's sums end in a tree of lane additions (`lane_reduce`).
 template <typename L>
 constexpr int64_t width_of = std::is_same_v<L, vf> ? kLanes : 1;
 
