@@ -250,11 +250,16 @@ def test_token_major_inputs_are_read_in_place():
     ids=["metric", "no-metric", "no-magnitudes", "raw-values", "no-rotation"],
 )
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_fused_entry_matches_reference(metric, key_scale, normalize_values, rotation, causal, monkeypatch):
+@pytest.mark.parametrize("token_major", [False, True], ids=["grad-head-major", "grad-token-major"])
+def test_fused_entry_matches_reference(
+    metric, key_scale, normalize_values, rotation, causal, token_major, monkeypatch
+):
     """The fused entry (`rt_qkv.h`: normalisation through the metric, key magnitudes, the rotations
     into and out of the common frame, all in the native call) equals the reference in float64 for
     every switch of the layers, values and the gradients of qkv, the metric and the four parameters,
-    also with zero rows (the normalisation's clamp) among the queries, keys and values."""
+    also with zero rows (the normalisation's clamp) among the queries, keys and values. Token-major:
+    the output goes on as ``(B, N, H·D)``, as the layers merge the heads, so that ∂o reaches the
+    backward as a strided ``(B, H, N, D)`` view, read where it lies."""
     monkeypatch.setattr(rt, "NATIVE_BLOCKS", (16, 24))
     g = torch.Generator().manual_seed(7)
     b, n, h, d = 2, 90, 3, 8
@@ -280,7 +285,9 @@ def test_fused_entry_matches_reference(metric, key_scale, normalize_values, rota
             backend=backend,
             normalize_values=normalize_values,
         )
-        grads = torch.autograd.grad((out * weights).sum(), leaves + ([m] if m is not None else []))
+        merged = out.transpose(1, 2).reshape(b, n, h * d) if token_major else out
+        target = weights.transpose(1, 2).reshape(b, n, h * d) if token_major else weights
+        grads = torch.autograd.grad((merged * target).sum(), leaves + ([m] if m is not None else []))
         results.append((out, grads))
         assert calls["qkv"] == ((1, 1) if backend == "blockwise" else (0, 0))
     (out, grads), (ref, ref_grads) = results
