@@ -8,7 +8,8 @@
 * ``rt_qkv_forward`` / ``rt_qkv_backward`` (``rt_qkv.h``): the same attention from the fused Q/K/V
   projection ``(B, N, 3, H, D)``: the normalisation (with the learned metric), the key magnitudes and
   the rotations into and out of the common frame happen in the same call instead of as separate
-  passes around the kernel.
+  passes around the kernel, each head instance's rows when its work item starts (in a per-thread
+  scratch the attention then reads from cache) and their gradients as soon as its backward is done.
 * ``frame_forward`` / ``frame_backward`` (``frame.h``): the rotor frame head's per-token transform
   (Gram–Schmidt frame, its rotation's action on Cl(3), applied to every channel) in one pass.
 
