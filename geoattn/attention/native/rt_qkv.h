@@ -73,16 +73,15 @@ inline void turn_row(const T* x, T* y, const T* turn, int64_t d, T sign) {
   }
 }
 
-// (|y|², |x|²) of a row with y = x ⊙ scale (or x).
+// |y|² of a row with y = x ⊙ scale (or x).
 template <typename L, typename T>
-inline std::pair<T, T> row_norms(const T* x, const T* scale, int64_t d) {
-  L norm2 = splat<L>(T(0)), raw2 = splat<L>(T(0));
+inline T row_norm2(const T* x, const T* scale, int64_t d) {
+  L norm2 = splat<L>(T(0));
   for (int64_t c = 0; c < d; c += width_of<L>) {
     const L xv = load<L>(x + c), yv = scale ? xv * load<L>(scale + c) : xv;
     norm2 += yv * yv;
-    raw2 += xv * xv;
   }
-  return {lane_sum(norm2), lane_sum(raw2)};
+  return lane_sum(norm2);
 }
 
 template <typename T>
@@ -94,8 +93,9 @@ inline T inverse_norm(T norm2, bool unit) {
 // are normalised and turned into the common frame when its work item starts, in a per-thread scratch
 // that stays in cache for the attention, and its gradients go back through the normalisation into
 // ∂qkv as soon as its backward is done: no (3, B, H, N, D) copy of the units, and one parallel
-// region each way. Scratch (in values): units (3, N, D), log m² (N), m² (N), then for the backward ∂o in the
-// common frame (N, D), δ (N), ∂units (3, N, D) and ∂log m² (N).
+// region each way. Scratch (in values): units (3, N, D), log m² (N), m² (N), the rows' |y|² (3, N) and
+// the keys' |x|² (N) (the backward reuses them), then for the backward ∂o in the common frame (N, D),
+// δ (N), ∂units (3, N, D) and ∂log m² (N).
 template <typename L, typename T>
 struct QkvHeads {
   Qkv<T> s;
@@ -103,7 +103,7 @@ struct QkvHeads {
   Rows<T> grad_out{};
   T *gqkv = nullptr, *gmetric = nullptr;        // ∂qkv (B, N, 3, H, D); ∂metric per head instance (B·H, D)
 
-  int64_t scratch() const { return (out ? 7 * s.d + 4 : 3 * s.d + 2) * s.n; }
+  int64_t scratch() const { return (out ? 7 * s.d + 9 : 3 * s.d + 6) * s.n; }
 
   // q, k, v of head instance x as units in the common frame, m²_i = max(key_scale² |k_i|², tiny) and its log
   // (1 and 0 without magnitudes)
@@ -113,12 +113,17 @@ struct QkvHeads {
     T* units = scratch;
     T* lm2 = scratch + 3 * n * d;
     T* m2 = lm2 + n;
+    T* norms2 = m2 + n;      // |y|² per part and row, only where the row is normalised
+    T* raws2 = norms2 + 3 * n;  // the keys' |x|², only with magnitudes
     for (int64_t i = 0; i < n; ++i)
       for (int part = 0; part < 3; ++part) {
         const T* row = s.row(bb * n + i, part, hh);
         const T* scale = s.scale(part, hh);
-        const auto [norm2, raw2] = row_norms<L>(row, scale, d);
+        const T norm2 = s.unit(part) ? row_norm2<L>(row, scale, d) : T(0);
+        norms2[part * n + i] = norm2;
         if (part == 1) {
+          const T raw2 = !s.magnitudes ? T(0) : scale ? row_norm2<L>(row, static_cast<const T*>(nullptr), d) : norm2;
+          raws2[i] = raw2;
           m2[i] = s.magnitudes ? std::max(raw2 * s.key_scale2, tiny) : T(1);
           lm2[i] = s.magnitudes ? std::log(m2[i]) : T(0);
         }
@@ -138,7 +143,7 @@ struct QkvHeads {
   // and zeroed gradients
   HeadGrad<T> grads(int64_t x, T* scratch) const {
     const int64_t hh = x % s.h, n = s.n, d = s.d;
-    T* gout = scratch + (3 * d + 2) * n;
+    T* gout = scratch + (3 * d + 6) * n;
     T* delta = gout + n * d;
     T* gunits = delta + n;
     T* glm2 = gunits + 3 * n * d;
@@ -165,6 +170,9 @@ struct QkvHeads {
   void finish(int64_t x, const HeadGrad<T>& hg) const {
     const T tiny = std::numeric_limits<T>::min();
     const int64_t bb = x / s.h, hh = x % s.h, n = s.n, d = s.d;
+    // the norms `inputs` measured for this head, in the scratch before ∂o (`grads`)
+    const T* norms2 = hg.dout - 4 * n;
+    const T* raws2 = hg.dout - n;
     T* acc = gmetric ? gmetric + x * d : nullptr;
     if (acc) std::fill(acc, acc + d, T(0));
     for (int64_t i = 0; i < n; ++i)
@@ -174,17 +182,20 @@ struct QkvHeads {
         const T* scale = s.scale(part, hh);
         T* gu = hg.dq + (part * n + i) * d;  // ∂units (3, N, D) start at ∂q
         if (s.turns) turn_row<L>(gu, gu, s.turn(hh, i), d, T(1));  // back into the token's own frame
-        L n2 = splat<L>(T(0)), r2 = splat<L>(T(0)), gy2 = splat<L>(T(0));
-        for (int64_t c = 0; c < d; c += width_of<L>) {
-          const L xv = load<L>(row + c), yv = scale ? xv * load<L>(scale + c) : xv;
-          n2 += yv * yv;
-          r2 += xv * xv;
-          gy2 += load<L>(gu + c) * yv;
-        }
-        const T norm2 = lane_sum(n2), raw2 = lane_sum(r2);
+        const T norm2 = norms2[part * n + i];
         const T inv = inverse_norm(norm2, s.unit(part));
         const bool radial = s.unit(part) && norm2 > static_cast<T>(kUnitEps2);
-        const L along = splat<L>(radial ? lane_sum(gy2) * inv * inv : T(0));  // ⟨∂u, u⟩/|y| on y = |y| u
+        T along_ = 0;
+        if (radial) {
+          L gy2 = splat<L>(T(0));
+          for (int64_t c = 0; c < d; c += width_of<L>) {
+            const L xv = load<L>(row + c), yv = scale ? xv * load<L>(scale + c) : xv;
+            gy2 += load<L>(gu + c) * yv;
+          }
+          along_ = lane_sum(gy2) * inv * inv;
+        }
+        const L along = splat<L>(along_);  // ⟨∂u, u⟩/|y| on y = |y| u
+        const T raw2 = part == 1 ? raws2[i] : T(0);
         const bool magnitude = part == 1 && s.magnitudes && raw2 * s.key_scale2 >= tiny;
         const L f = splat<L>(magnitude ? 2 * hg.dlm2[i] / raw2 : T(0));
         T* gx = gqkv + ((token * 3 + part) * s.h + hh) * d;
