@@ -101,20 +101,30 @@ struct QkvHeads {
   Qkv<T> s;
   const T* out = nullptr;  // (B, H, N, D) in the queries' frames, and ∂o's rows (backward)
   Rows<T> grad_out{};
-  T *gqkv = nullptr, *gmetric = nullptr;        // ∂qkv (B, N, 3, H, D); ∂metric per head instance (B·H, D)
+  T *gqkv = nullptr, *gmetric = nullptr;  // ∂qkv (B, N, 3, H, D); ∂metric per head instance (B·H, D)
 
-  int64_t scratch() const { return (out ? 7 * s.d + 9 : 3 * s.d + 6) * s.n; }
+  // Where each part of a head's scratch starts, in values (the layout above)
+  struct Layout {
+    int64_t lm2, m2, norms2, raws2, gout, delta, gunits, glm2, end;
+  };
+  Layout layout() const {
+    const int64_t n = s.n, nd = s.n * s.d, lm2 = 3 * nd, norms2 = lm2 + 2 * n, gout = norms2 + 4 * n;
+    return {lm2,  lm2 + n,       norms2,           norms2 + 3 * n,          gout,
+            gout + nd, gout + nd + n, gout + 4 * nd + n, gout + 4 * nd + 2 * n};
+  }
+  int64_t scratch() const { return out ? layout().end : layout().gout; }
 
-  // q, k, v of head instance x as units in the common frame, m²_i = max(key_scale² |k_i|², tiny) and its log
-  // (1 and 0 without magnitudes)
+  // q, k, v of head instance x as units in the common frame, m²_i = max(key_scale² |k_i|², tiny)
+  // and its log (1 and 0 without magnitudes)
   HeadIn<T> inputs(int64_t x, T* scratch) const {
     const T tiny = std::numeric_limits<T>::min();
     const int64_t bb = x / s.h, hh = x % s.h, n = s.n, d = s.d;
+    const Layout at = layout();
     T* units = scratch;
-    T* lm2 = scratch + 3 * n * d;
-    T* m2 = lm2 + n;
-    T* norms2 = m2 + n;      // |y|² per part and row, only where the row is normalised
-    T* raws2 = norms2 + 3 * n;  // the keys' |x|², only with magnitudes
+    T* lm2 = scratch + at.lm2;
+    T* m2 = scratch + at.m2;
+    T* norms2 = scratch + at.norms2;  // |y|² per part and row, only where the row is normalised
+    T* raws2 = scratch + at.raws2;    // the keys' |x|², only with magnitudes
     for (int64_t i = 0; i < n; ++i)
       for (int part = 0; part < 3; ++part) {
         const T* row = s.row(bb * n + i, part, hh);
@@ -122,7 +132,8 @@ struct QkvHeads {
         const T norm2 = s.unit(part) ? row_norm2<L>(row, scale, d) : T(0);
         norms2[part * n + i] = norm2;
         if (part == 1) {
-          const T raw2 = !s.magnitudes ? T(0) : scale ? row_norm2<L>(row, static_cast<const T*>(nullptr), d) : norm2;
+          const T* none = nullptr;
+          const T raw2 = !s.magnitudes ? T(0) : scale ? row_norm2<L>(row, none, d) : norm2;
           raws2[i] = raw2;
           m2[i] = s.magnitudes ? std::max(raw2 * s.key_scale2, tiny) : T(1);
           lm2[i] = s.magnitudes ? std::log(m2[i]) : T(0);
@@ -143,10 +154,11 @@ struct QkvHeads {
   // and zeroed gradients
   HeadGrad<T> grads(int64_t x, T* scratch) const {
     const int64_t hh = x % s.h, n = s.n, d = s.d;
-    T* gout = scratch + (3 * d + 6) * n;
-    T* delta = gout + n * d;
-    T* gunits = delta + n;
-    T* glm2 = gunits + 3 * n * d;
+    const Layout at = layout();
+    T* gout = scratch + at.gout;
+    T* delta = scratch + at.delta;
+    T* gunits = scratch + at.gunits;
+    T* glm2 = scratch + at.glm2;
     for (int64_t i = 0; i < n; ++i) {
       const T* src = grad_out.at(x, i);
       const T* o = out + (x * n + i) * d;
@@ -170,9 +182,11 @@ struct QkvHeads {
   void finish(int64_t x, const HeadGrad<T>& hg) const {
     const T tiny = std::numeric_limits<T>::min();
     const int64_t bb = x / s.h, hh = x % s.h, n = s.n, d = s.d;
-    // the norms `inputs` measured for this head, in the scratch before ∂o (`grads`)
-    const T* norms2 = hg.dout - 4 * n;
-    const T* raws2 = hg.dout - n;
+    // the norms `inputs` measured for this head, in the same scratch as ∂o (`grads`)
+    const Layout at = layout();
+    const T* scratch = hg.dout - at.gout;
+    const T* norms2 = scratch + at.norms2;
+    const T* raws2 = scratch + at.raws2;
     T* acc = gmetric ? gmetric + x * d : nullptr;
     if (acc) std::fill(acc, acc + d, T(0));
     for (int64_t i = 0; i < n; ++i)
