@@ -327,6 +327,17 @@ struct StoredHeads {
   void finish(int64_t, const HeadGrad<T>&) const {}
 };
 
+// q, k, v (B, H, N, ·) and log m² (B, H, N) as the forward reads them; the backward adds ∂o, δ and
+// the gradients' outputs.
+template <typename T>
+StoredHeads<T> stored_heads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const torch::Tensor& lm2) {
+  StoredHeads<T> heads{};
+  heads.q = rows_of<T>(q), heads.k = rows_of<T>(k), heads.v = rows_of<T>(v), heads.lm2 = lm2.data_ptr<T>();
+  heads.n = q.size(2), heads.d = q.size(3), heads.dv_ = v.size(3);
+  return heads;
+}
+
 // Heads come from `heads.inputs(x, scratch)`: a per-thread scratch of `heads.scratch()` values that
 // the source may fill (the fused entry of rt_qkv.h normalises a head's rows into it), read again only
 // when the head changes. Work items are (head instance, query block), consecutive per thread.
@@ -512,9 +523,7 @@ inline std::vector<torch::Tensor> rt_lag_forward(torch::Tensor q, torch::Tensor 
   auto out = torch::empty({b, h, n, dv}, v.options());
   auto lse = torch::empty({b, h, n}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "rt_lag_forward", [&] {
-    const StoredHeads<scalar_t> heads{rows_of<scalar_t>(q), rows_of<scalar_t>(k), rows_of<scalar_t>(v),
-                                      {}, lm2.data_ptr<scalar_t>(), nullptr, nullptr, nullptr, nullptr, nullptr,
-                                      n, d, dv};
+    const auto heads = stored_heads<scalar_t>(q, k, v, lm2);
     forward_impl<scalar_t>(heads, table.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
                            lse.data_ptr<scalar_t>(), b * h, h, n, d, dv, causal, bq, bk);
   });
@@ -540,11 +549,10 @@ inline std::vector<torch::Tensor> rt_lag_backward(torch::Tensor q, torch::Tensor
   auto dbeta = torch::empty({b * h}, q.options());
   std::pair<torch::Tensor, torch::Tensor> param_grads;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "rt_lag_backward", [&] {
-    const StoredHeads<scalar_t> heads{rows_of<scalar_t>(q),         rows_of<scalar_t>(k),       rows_of<scalar_t>(v),
-                                      rows_of<scalar_t>(grad_out),  lm2.data_ptr<scalar_t>(),   delta.data_ptr<scalar_t>(),
-                                      dq.data_ptr<scalar_t>(),      dk.data_ptr<scalar_t>(),    dvt.data_ptr<scalar_t>(),
-                                      dlm2.data_ptr<scalar_t>(),    n,                          d,
-                                      dv};
+    auto heads = stored_heads<scalar_t>(q, k, v, lm2);
+    heads.dout = rows_of<scalar_t>(grad_out), heads.delta = delta.data_ptr<scalar_t>();
+    heads.dq = dq.data_ptr<scalar_t>(), heads.dk = dk.data_ptr<scalar_t>(), heads.dv = dvt.data_ptr<scalar_t>();
+    heads.dlm2 = dlm2.data_ptr<scalar_t>();
     backward_impl<scalar_t>(heads, table.data_ptr<scalar_t>(), beta.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(),
                             dtab.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>(), b * h, h, n, d, dv, causal, bq,
                             bk);
