@@ -32,7 +32,7 @@ struct Qkv {
   const T* qkv;
   const T* metric;  // (H, D) or null
   const T* turns;   // (H, N, D/2, 2) or null (no rotation)
-  int64_t b, n, h, d;
+  int64_t n, h, d;
   bool magnitudes, normalize_values;
   T key_scale2;
 
@@ -318,7 +318,6 @@ Qkv<T> qkv_inputs(const torch::Tensor& qkv, const torch::Tensor& metric, const t
   return {qkv.data_ptr<T>(),
           metric.numel() ? metric.data_ptr<T>() : nullptr,
           turns.numel() ? turns.data_ptr<T>() : nullptr,
-          qkv.size(0),
           qkv.size(1),
           qkv.size(3),
           qkv.size(4),
