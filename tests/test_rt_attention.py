@@ -573,3 +573,29 @@ def test_auto_falls_back_to_blockwise_when_flex_fails(monkeypatch):
     torch.testing.assert_close(out, rt_attention(q, k, v, backend="reference", **kwargs), rtol=0, atol=1e-12)
     with pytest.raises(NotImplementedError):  # asked for by name, its errors are the caller's
         rt_attention(q, k, v, backend="flex", **kwargs)
+
+
+def test_an_evaluation_on_the_dense_path_stays_eager(monkeypatch):
+    """Large problems compile their elementwise work, except the dense path without autograd: a
+    one-off evaluation on a whole validation pool would pay seconds of compilation for milliseconds
+    of work. The rule reads only static facts (the path, the size, whether autograd records)."""
+    large, small = rt.COMPILE_MIN_PAIRS, rt.COMPILE_MIN_PAIRS - 1
+    assert rt._worth_compiling("dense", large) and rt._worth_compiling("blockwise", large)
+    assert not rt._worth_compiling("dense", small) and not rt._worth_compiling("blockwise", small)
+    with torch.no_grad():
+        assert not rt._worth_compiling("dense", large)
+        assert rt._worth_compiling("blockwise", large)
+    # the dense call itself: its compiled pieces (stand-ins that count calls) run only under autograd
+    calls = []
+    for piece in (rt._DENSE_FORWARD, rt._UNIT_FORWARD):
+        monkeypatch.setattr(piece, "compiled", lambda *args, fn=piece.fn: calls.append(fn) or fn(*args))
+    monkeypatch.setattr(rt, "COMPILE_MIN_PAIRS", 0)
+    q, k, v, omega, positions = _inputs(n=21, dtype=torch.float32)
+    kwargs = dict(**_params("general", dtype=torch.float32), omega=omega, positions=positions)
+    ref = rt_attention(q, k, v, backend="reference", **kwargs)
+    with torch.no_grad():
+        out = rt_attention(q, k, v, backend="dense", **kwargs)
+    assert not calls
+    torch.testing.assert_close(out, ref, rtol=2e-4, atol=2e-4)
+    rt_attention(q.requires_grad_(), k, v, backend="dense", **kwargs)
+    assert rt._DENSE_FORWARD.fn in calls and rt._UNIT_FORWARD.fn in calls

@@ -75,8 +75,9 @@ value checks.
 
 Problems with ``B·H·N² ≥ COMPILE_MIN_PAIRS`` run the elementwise work of the dense path, the folds
 and the blockwise tiles through `torch.compile` (the first call compiles, for tens of seconds on a
-CPU); smaller ones run eagerly. Half-precision inputs are computed in float32, with autocast switched
-off inside (`geoattn.attention.dtypes`).
+CPU); smaller ones, and the dense path without autograd (an evaluation), run eagerly.
+Half-precision inputs are computed in float32, with autocast switched off inside
+(`geoattn.attention.dtypes`).
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ def _attention(
         qh, kh, vh, log_m2 = _prepare_reference(qkv, metric, key_scale, angles, normalize)
         out, weights = _reference(qh, kh, vh, log_m2, times, *params, causal)
     else:
-        use_compile = b * h * n * n >= COMPILE_MIN_PAIRS
+        use_compile = _worth_compiling(path, b * h * n * n)
         qh, kh, vh, log_m2 = _prepare(qkv, metric, key_scale, angles, normalize, use_compile)
         args = (qh, kh, vh, log_m2, times, *params, causal, use_compile)
         try:
@@ -1230,6 +1231,14 @@ _PATHS = {
     "blockwise": _blockwise,
     "flex": _flex,
 }
+
+
+def _worth_compiling(path: str, pairs: int) -> bool:
+    """Whether the elementwise work of a call with ``pairs = B·H·N²`` runs through `torch.compile`:
+    for large problems, except the dense path without autograd. An evaluation (a model's forward on a
+    whole validation pool, once) would pay seconds of compilation there for a few passes over the
+    tile that eager operations make in milliseconds; training repeats its shapes and amortises it."""
+    return pairs >= COMPILE_MIN_PAIRS and (path != "dense" or torch.is_grad_enabled())
 
 
 def _choose_path(backend, structure, device, batch_heads, n, params, causal, default_times=False) -> str:
