@@ -305,11 +305,15 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     d.add_argument("name", help="dataset name (see geoattn data list)")
     d.add_argument("--force", action="store_true", help="download again even if cached")
     d.set_defaults(func=cmd_data_download)
-    make = actions.add_parser("make", help="build a simulated dataset into the cache (molecule: MD with xTB)")
+    make = actions.add_parser(
+        "make", help="build a simulated dataset (molecule: MD with xTB; nbody-charged: EGNN's files)"
+    )
     kinds = make.add_subparsers(dest="kind", required=True)
     from geoattn.tasks.molecule.cli import add_make_molecule
+    from geoattn.tasks.nbody.charged import add_make_charged
 
     add_make_molecule(kinds)
+    add_make_charged(kinds)
 
 
 def cmd_data_list(args: argparse.Namespace) -> int:

@@ -9,8 +9,10 @@ carried across several sittings by running the same command again.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -54,7 +56,8 @@ def plan(spec: ExperimentSpec, runs: Path) -> list[RunPlan]:
         for cell in spec.cells:
             config = spec.config(cell, seed, runs)
             out = Path(config["out"])
-            status, at = _status(RunDirectory(out), config["max_iters"], spec.evaluate)
+            evaluate = spec.evaluate and cell.command is None  # a peer evaluates inside its command
+            status, at = _status(RunDirectory(out), config["max_iters"], evaluate)
             plans.append(RunPlan(cell, seed, out, config, status, at))
     return plans
 
@@ -73,6 +76,8 @@ def run_one(
     ``{"skipped": True}`` at once (the suite was interrupted while it waited in a worker's queue)."""
     if stop_file is not None and Path(stop_file).exists():
         return {"skipped": True, "interrupted": True, "iter": None}
+    if "command" in config:
+        return _run_peer(config, threads)
     import torch
 
     from geoattn.training.config import TrainConfig
@@ -117,6 +122,39 @@ def _train_and_evaluate(train, run: RunDirectory, evaluate: bool) -> dict[str, A
     if stop_requested:
         return {**run.read_summary(), "stop_requested": True}
     return run.read_summary()
+
+
+def _run_peer(config: dict[str, Any], threads: int | None) -> dict[str, Any]:
+    """Run a peer cell's command (its own code, in its own environment) and record what it measured:
+    ``{out}/metrics.json`` becomes the run's ``summary.json`` final metrics (``iter`` = its budget)."""
+    run = RunDirectory(config["out"])
+    lock = _claim(run.path)
+    if lock is None:
+        return {"skipped": True, "busy": True, "iter": None}
+    try:
+        summary = run.read_summary()
+        if summary.get("iter") == config["max_iters"]:
+            return summary
+        run.path.mkdir(parents=True, exist_ok=True)
+        count = str(threads or os.cpu_count() or 1)
+        command = [a.replace("{threads}", count) for a in config["command"]]
+        env = {**os.environ, "OMP_NUM_THREADS": count, "MKL_NUM_THREADS": count}
+        with open(run.path / "peer.log", "w") as log:
+            log.write(" ".join(command) + "\n")
+            log.flush()
+            done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if done.returncode != 0:
+            raise UserError(f"peer command exited with {done.returncode}; see {run.path / 'peer.log'}")
+        try:
+            metrics = json.loads((run.path / "metrics.json").read_text())
+        except (OSError, ValueError) as err:
+            raise UserError(f"peer command wrote no readable {run.path / 'metrics.json'} ({err})") from None
+        final = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        summary = {"iter": config["max_iters"], "wall_s": final.get("wall_s", 0.0), "final": final}
+        (run.path / RunDirectory.SUMMARY).write_text(json.dumps(summary, indent=2))
+        return summary
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def _claim(out: Path) -> Path | None:

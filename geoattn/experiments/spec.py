@@ -33,12 +33,27 @@ Example::
 
 Cells' fields are TrainConfig fields (``model_options`` / ``task_options`` tables merge with the
 base's); each model's recipe (``Task.recipes``) sits below them, as on the command line.
+
+A *peer* cell runs another project's own code instead of ``geoattn train``: ``command`` (a list of
+arguments, run from the working directory) and ``max_iters`` (its budget in steps, for the report)::
+
+    [[cells]]
+    name = "EGNN (its own main_nbody.py)"
+    max_iters = 3000
+    command = ["{python}", "benchmarks/egnn_nbody.py", "--egnn", "{peers}/egnn", "--data", "{data}",
+               "--seed", "{seed}", "--out", "{out}", "--threads", "{threads}"]
+
+``{seed}``, ``{out}`` (the run directory), ``{data}`` (the base's ``data``), ``{threads}``,
+``{python}`` (the interpreter running the experiment) and ``{peers}`` (``$GEOATTN_PEERS``, default
+``../peers``: where the peers' checkouts and environments live) are filled in. The command writes
+``{out}/metrics.json`` (a flat object of numbers); the runner records it as the run's final metrics.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -71,10 +86,20 @@ TOP_KEYS = {
 
 @dataclass
 class Cell:
-    """One setting of the grid: a name (a row of the report) and its TrainConfig fields."""
+    """One setting of the grid: a name (a row of the report) and its TrainConfig fields, or a peer's
+    ``command`` (see the module docstring)."""
 
     name: str
     fields: dict[str, Any]
+    command: list[str] | None = None
+
+
+PEER_FIELDS = ("command", "max_iters")
+
+
+def peers_dir() -> str:
+    """Where the peers' checkouts and environments live: ``$GEOATTN_PEERS`` or ``../peers``."""
+    return os.environ.get("GEOATTN_PEERS", "../peers")
 
 
 @dataclass
@@ -95,7 +120,27 @@ class ExperimentSpec:
     evaluate: bool = False
 
     def config(self, cell: Cell, seed: int, runs: Path) -> dict[str, Any]:
-        """The TrainConfig fields (as a dict) of ``cell`` at ``seed``, its run directory under ``runs``."""
+        """The TrainConfig fields (as a dict) of ``cell`` at ``seed``, its run directory under ``runs``;
+        for a peer cell its filled-in ``command``, ``max_iters`` and run directory."""
+        if cell.command is not None:
+            key = {"peer": cell.command, "max_iters": cell.fields["max_iters"], "data": self.base.get("data")}
+            digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+            out = runs / f"peer-{_slug(cell.name)[:40]}-{digest}" / f"seed_{seed}"
+            fill = {
+                "seed": seed,
+                "out": str(out),
+                "data": self.base.get("data") or "",
+                "peers": peers_dir(),
+                "python": sys.executable,
+            }
+            try:  # {threads} is the runner's to fill, when it knows how many each run gets
+                command = [a.format(**fill, threads="{threads}") for a in cell.command]
+            except (KeyError, IndexError, ValueError) as err:
+                raise ConfigError(
+                    f"command placeholder {err} unknown; use {{seed}} {{out}} {{data}} "
+                    "{{threads}} {{peers}}"
+                ) from None
+            return {"command": command, "max_iters": cell.fields["max_iters"], "out": str(out), "seed": seed}
         values = dict(self.base)
         for key, value in cell.fields.items():
             if key in ("model_options", "task_options"):
@@ -155,6 +200,23 @@ def load_spec(name: str) -> ExperimentSpec:
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise ConfigError(f"{where}: cell {index + 1} needs a name")
         fields = {k: v for k, v in raw.items() if k != "name"}
+        if "command" in fields:
+            command = fields["command"]
+            extra = sorted(set(fields) - set(PEER_FIELDS))
+            if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+                raise ConfigError(
+                    f"{where}: cell {raw['name']!r}: command must be a non-empty list of strings"
+                )
+            if extra or not isinstance(fields.get("max_iters"), int):
+                raise ConfigError(
+                    f"{where}: peer cell {raw['name']!r} takes command and max_iters (an integer) only"
+                    + (f", got {', '.join(extra)}" if extra else "")
+                )
+            if _slug(raw["name"]) in names:
+                raise ConfigError(f"{where}: two cells named {raw['name']!r}")
+            names.add(_slug(raw["name"]))
+            cells.append(Cell(raw["name"], {"max_iters": fields["max_iters"]}, command))
+            continue
         bad = sorted(k for k in [*fields, *base] if k not in FIELDS or k in ("out", "seed"))
         if bad:
             raise ConfigError(

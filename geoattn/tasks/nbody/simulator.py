@@ -29,6 +29,8 @@ from torch import Tensor
 from geoattn.errors import ConfigError, DataError
 
 SETS = ("train", "val", "eval", "e3_generalization", "object_generalization")
+# the systems of the task and their default seeds: GATr's gravity, EGNN's charged particles (seed 43)
+SYSTEMS = {"gravity": 0, "charged": 43}
 ARRAYS = ("m", "x_initial", "v_initial", "x_final")
 # GATr's generator also stores every sample's path; its training pipeline reads it from val only
 TRAJECTORY_SETS = ("val",)
@@ -74,10 +76,18 @@ class NBodyConfig:
     ``data`` keep the first ``*_size`` samples of their file (None: all of them; more than the file
     holds is a DataError), as GATr's own ``subsample`` keeps a file's first samples.
 
+    ``system = "charged"`` switches to EGNN's charged-particle benchmark (:mod:`.charged`): sets
+    train / val / test from EGNN's simulator and seed, or EGNN's ``.npy`` files in ``data``; the gravity
+    fields below are then unused, and ``particles``, ``vel_norm``, ``frame_in``, ``frame_out`` apply.
+
     Fields:
-        data: a directory with GATr's files to load instead of simulating (``--data DIR``).
-        seed: base seed; each set has its own (``seed + its index in SETS``).
+        system: gravity (GATr's star and planets) or charged (EGNN's charged particles).
+        data: a directory with the system's files to load instead of simulating (``--data DIR``): GATr's
+            ``{set}.npz`` (gravity) or EGNN's ``loc_*.npy`` … (charged).
+        seed: base seed (None: the system's own, 0 gravity, 43 charged as EGNN's small set); each
+            gravity set has its own (``seed + its index in SETS``), charged sets share one stream.
         train_size, val_size, eval_size, e3_size, object_size: samples; --data: a file's first N (None: all).
+        test_size: charged test samples (None: all 2,000); charged train_size None: EGNN's 3,000.
         n_planets: planets per system in train, val, eval and the E(3)-generalisation set.
         object_planets: planets per system in the object-generalisation set.
         star_mass_range: (low, high) of the star's log-uniform mass.
@@ -90,10 +100,15 @@ class NBodyConfig:
         time: simulated time from the initial to the final positions.
         steps: symplectic Euler steps over ``time``.
         max_displacement: samples in which a body moves farther are dropped (GATr's outlier_threshold).
+        particles: charged particles per system.
+        vel_norm: charged initial speed of every particle.
+        frame_in: charged input frame (EGNN's nbody_small: 30).
+        frame_out: charged target frame (EGNN's nbody_small: 40).
     """
 
+    system: str = "gravity"
     data: str | None = None
-    seed: int = 0
+    seed: int | None = None
     train_size: int | None = None
     val_size: int | None = None
     eval_size: int | None = None
@@ -111,8 +126,20 @@ class NBodyConfig:
     time: float = 0.1
     steps: int = 100
     max_displacement: float = 2.0
+    test_size: int | None = None
+    particles: int = 5
+    vel_norm: float = 0.5
+    frame_in: int = 30
+    frame_out: int = 40
 
     def __post_init__(self) -> None:
+        if self.system not in SYSTEMS:
+            raise ConfigError(f"NBodyConfig.system must be one of {', '.join(SYSTEMS)}, got {self.system!r}")
+        if not 0 <= self.frame_in < self.frame_out:
+            raise ConfigError(
+                f"NBodyConfig.frame_in / frame_out must satisfy 0 ≤ frame_in < frame_out, "
+                f"got {self.frame_in} / {self.frame_out}"
+            )
         for name in ("star_mass_range", "planet_mass_range", "radius_range"):
             low, high = (float(v) for v in getattr(self, name))
             if not 0 < low <= high:
@@ -120,7 +147,7 @@ class NBodyConfig:
                     f"NBodyConfig.{name} must be (low, high) with 0 < low ≤ high, got {(low, high)}"
                 )
             setattr(self, name, (low, high))
-        for name in (*SIZE_FIELDS.values(), "n_planets", "object_planets", "steps"):
+        for name in (*SIZE_FIELDS.values(), "test_size", "n_planets", "object_planets", "steps", "particles"):
             value = getattr(self, name)
             if value is None and name.endswith("_size"):
                 continue
@@ -129,13 +156,18 @@ class NBodyConfig:
         for name in ("vel_std", "shift_std", "e3_shift"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"NBodyConfig.{name} must be ≥ 0, got {getattr(self, name)}")
-        for name in ("G", "time", "max_displacement"):
+        for name in ("G", "time", "max_displacement", "vel_norm"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"NBodyConfig.{name} must be > 0, got {getattr(self, name)}")
 
     def set_size(self, name: str) -> int | None:
         """The samples asked of set ``name`` (None: all of a file, :data:`SIMULATED_SIZES` simulated)."""
-        return getattr(self, SIZE_FIELDS[name])
+        return self.test_size if name == "test" else getattr(self, SIZE_FIELDS[name])
+
+    @property
+    def base_seed(self) -> int:
+        """``seed``, or the system's own when unset (gravity 0, charged 43 as EGNN's small set)."""
+        return self.seed if self.seed is not None else SYSTEMS[self.system]
 
 
 @dataclass

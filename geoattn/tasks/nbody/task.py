@@ -1,6 +1,7 @@
-"""The ``nbody`` task behind the trainer's contract: GATr's five sets (:mod:`.simulator`), the
-networks (:mod:`.models`), batches, metrics and the full-set evaluation (E(3) and object generalisation,
-equivariance error)."""
+"""The ``nbody`` task behind the trainer's contract, for two systems (``task.system``): GATr's gravity
+(five sets, :mod:`.simulator`) and EGNN's charged particles (train / val / test, :mod:`.charged`); the
+networks (:mod:`.models`), batches, metrics and the full-set evaluation (MSE on whole sets, E(3) and
+object generalisation for gravity, the equivariance error)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from geoattn.errors import DataError
+from geoattn.errors import ConfigError, DataError
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LMConfig
 from geoattn.models.rotor_transformer import RotorTransformerConfig
 from geoattn.tasks.base import EvalRow, Task
-from geoattn.tasks.nbody.models import NBodyRotor, NBodyTransformer, centroid
+from geoattn.tasks.nbody import charged
+from geoattn.tasks.nbody.models import EGNNConfig, NBodyEGNN, NBodyRotor, NBodyTransformer, centroid
 from geoattn.tasks.nbody.simulator import (
     SETS,
     SIMULATED_SIZES,
@@ -36,8 +38,9 @@ from geoattn.tasks.nbody.simulator import (
 if TYPE_CHECKING:
     from geoattn.training.config import TrainConfig
 
-# the sets measured at the end of training (full sets), and the samples of the equivariance error
+# the sets measured at the end of training (full sets) per system, and the samples of the equivariance error
 EVAL_SETS = ("eval", "e3_generalization", "object_generalization")
+SYSTEM_EVAL_SETS = {"gravity": ("val", *EVAL_SETS), "charged": ("val", "test")}
 EQUIVARIANCE_SAMPLES = 256
 
 # the rotor model's inputs and outputs: mass as a scalar; centred position, velocity, relative velocity
@@ -52,6 +55,7 @@ class NBodyTask(Task):
     models: ClassVar[dict[str, str]] = {
         "transformer": "bidirectional Transformer over bodies (translation-equivariant by centring only)",
         "rotor": "RotorTransformer, E(3)-equivariant (Cl(3) with centring, or PGA)",
+        "egnn": "EGNN (egnn_vel, the EGNN paper's equations), E(3)-equivariant graph network over bodies",
     }
     Settings: ClassVar[type] = NBodyConfig
     # GATr's optimiser schedule (Adam, exponential decay to ×0.01, no warm-up or weight decay); the
@@ -70,6 +74,19 @@ class NBodyTask(Task):
             "weight_decay": 0.0,
         },
         "transformer": {"lr": 3e-4, "lr_schedule": "exponential", "warmup_iters": 0, "weight_decay": 0.0},
+        # EGNN's main_nbody.py: Adam at a constant 5e-4 (betas 0.9 / 0.999), 4 layers of 64, batch 100,
+        # weight decay 1e-12 (none, in effect), no gradient clipping
+        "egnn": {
+            "lr": 5e-4,
+            "min_lr": 5e-4,
+            "warmup_iters": 0,
+            "n_layer": 4,
+            "n_embd": 64,
+            "batch_size": 100,
+            "beta2": 0.999,
+            "weight_decay": 0.0,
+            "grad_clip": 0.0,
+        },
     }
     description: ClassVar[str] = "GATr's n-body problem: final positions of a star and its planets"
     splits: ClassVar[tuple[str, ...]] = SETS
@@ -78,7 +95,10 @@ class NBodyTask(Task):
         self.config = config or NBodyConfig()
         self._sets: dict[str, NBodySet] = {}
         self._meta: dict[str, Any] | None = None
-        if self.config.data:
+        if self.config.system == "charged":
+            if self.config.data:
+                self._charged_sets(charged.load_egnn_format(self.config.data, self.config.particles))
+        elif self.config.data:
             for name, data in load_gatr_format(self.config.data).items():
                 size = self.config.set_size(name)
                 if size is not None and size > len(data):
@@ -103,15 +123,51 @@ class NBodyTask(Task):
     def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
         if model == "rotor":
             return RotorTransformerConfig, tuple(ROTOR_IO)
+        if model == "egnn":
+            return EGNNConfig, ()
         return LMConfig, ("vocab_size", "block_size", "causal", "pos")
+
+    @property
+    def sets(self) -> tuple[str, ...]:
+        """The system's sets: GATr's five (gravity) or EGNN's train / val / test (charged)."""
+        return charged.SETS if self.config.system == "charged" else SETS
+
+    @property
+    def horizon(self) -> float:
+        """Simulated time from the input to the target positions."""
+        c = self.config
+        if c.system == "charged":
+            return (c.frame_out - c.frame_in) * charged.SAMPLE_FREQ * charged.DT
+        return c.time
+
+    def _charged_sets(self, trajectories: dict[str, charged.ChargedTrajectories]) -> None:
+        """The regression sets of EGNN's trajectories, each cut to its ``*_size`` (train: 3,000)."""
+        c = self.config
+        for name, data in trajectories.items():
+            size = c.set_size(name) or (charged.TRAIN_SAMPLES if name == "train" else None)
+            if size is not None and size > len(data):
+                where = f"in {c.data}" if c.data else "simulated"
+                raise DataError(f"nbody charged: {size} {name} samples asked, {len(data)} {where}")
+            self._sets[name] = data.head(size or len(data)).task_set(c.frame_in, c.frame_out)
 
     def dataset(self, name: str) -> NBodySet:
         """The set ``name`` (simulated from its seed on first use, or loaded from ``config.data``)."""
-        if name not in SETS:
-            raise ValueError(f"unknown split {name!r}; the nbody task has {', '.join(SETS)}")
+        if name not in self.sets:
+            raise ValueError(f"unknown split {name!r}; the nbody task has {', '.join(self.sets)}")
+        if name not in self._sets and self.config.system == "charged":
+            c = self.config
+            keep = {
+                n: c.set_size(n) or (charged.TRAIN_SAMPLES if n == "train" else charged.GENERATED[n])
+                for n in charged.SETS
+            }
+            frames = (c.frame_out + 2) * charged.SAMPLE_FREQ  # enough steps for the target frame
+            simulated = charged.simulate(
+                seed=c.base_seed, particles=c.particles, vel_norm=c.vel_norm, keep=keep, steps=frames
+            )
+            self._charged_sets(simulated)
         if name not in self._sets:
             c = self.config
-            generator = torch.Generator().manual_seed(c.seed + SETS.index(name))
+            generator = torch.Generator().manual_seed(c.base_seed + SETS.index(name))
             planets = c.object_planets if name == "object_generalization" else c.n_planets
             self._sets[name] = simulate_systems(
                 c.set_size(name) or SIMULATED_SIZES[name],
@@ -125,6 +181,10 @@ class NBodyTask(Task):
 
     def save_gatr_format(self, directory: str | Path) -> None:
         """Write all five sets in GATr's format (``{name}.npz``) to ``directory``."""
+        if self.config.system != "gravity":
+            raise ConfigError(
+                "save_gatr_format writes the gravity system; charged sets: geoattn data make nbody-charged"
+            )
         save_gatr_format({name: self.dataset(name) for name in SETS}, directory)
 
     def get_batch(
@@ -141,7 +201,10 @@ class NBodyTask(Task):
         """``transformer`` (bidirectional, no positions) or ``rotor`` (RotorTransformer), run's sizes."""
         if model == "rotor":
             return NBodyRotor(RotorTransformerConfig.from_sizes(sizes, options, **ROTOR_IO))
-        block_size = max(self.config.n_planets, self.config.object_planets) + 1
+        if model == "egnn":
+            return NBodyEGNN(EGNNConfig.from_sizes(sizes, options))
+        c = self.config
+        block_size = c.particles if c.system == "charged" else max(c.n_planets, c.object_planets) + 1
         config = LMConfig.from_sizes(
             sizes, options, vocab_size=1, block_size=block_size, causal=False, pos="none"
         )
@@ -160,13 +223,17 @@ class NBodyTask(Task):
         """
         if self._meta is None:
             if self.config.data:
-                sizes = {f: getattr(self.config, f) for f in SIZE_FIELDS.values()}
-                source = {"directory": str(Path(self.config.data).resolve()), "sizes": sizes}
+                sizes = {f: getattr(self.config, f) for f in (*SIZE_FIELDS.values(), "test_size")}
+                source = {
+                    "directory": str(Path(self.config.data).resolve()),
+                    "system": self.config.system,
+                    "sizes": sizes,
+                }
             else:
                 source = {"simulated": dataclasses.asdict(self.config)}
             sets = {
                 name: {"samples": len(d), "bodies": d.m.shape[1], "sha256": d.content_hash()}
-                for name, d in ((name, self.dataset(name)) for name in SETS)
+                for name, d in ((name, self.dataset(name)) for name in self.sets)
             }
             self._meta = {"task": self.name, "source": source, "sets": sets}
         return self._meta
@@ -193,19 +260,22 @@ class NBodyTask(Task):
         sampled: Callable[[], dict[str, float]],
     ) -> list[EvalRow]:
         """``geoattn eval``: the trainer's batch estimates, the model's MSE on every sample of the eval,
-        E(3) and object sets with the two baselines beside each, and the equivariance error."""
+        E(3) and object sets (charged: val and test) with the two baselines beside each, and the
+        equivariance error."""
         over = f"{config.eval_iters} batches of {config.batch_size}"
         rows = [EvalRow(k, v, over) for k, v in sampled().items()]
         results = self.evaluate_sets(model)
-        for name in EVAL_SETS:
+        for name in SYSTEM_EVAL_SETS[self.config.system]:
             where = f"all {len(self.dataset(name)):,} {name} samples"
             rows.append(EvalRow(f"{name}_mse", results[f"{name}_mse"], where))
             rows += [EvalRow(f"{name}_{k}", v, where) for k, v in self.baselines(name).items()]
-        where = f"the {len(self.dataset('e3_generalization')):,} e3_generalization samples, shift removed"
-        name = "e3_generalization_unshifted_mse"
-        rows.append(EvalRow(name, results[name], where))
-        count = min(EQUIVARIANCE_SAMPLES, len(self.dataset("eval")))
-        where = f"first {count} eval samples, one random O(3) motion + translation each"
+        if self.config.system == "gravity":
+            where = f"the {len(self.dataset('e3_generalization')):,} e3_generalization samples, shift removed"
+            name = "e3_generalization_unshifted_mse"
+            rows.append(EvalRow(name, results[name], where))
+        probe = "val" if self.config.system == "charged" else "eval"
+        count = min(EQUIVARIANCE_SAMPLES, len(self.dataset(probe)))
+        where = f"first {count} {probe} samples, one random O(3) motion + translation each"
         rows.append(EvalRow("equivariance_error", results["equivariance_error"], where))
         return rows
 
@@ -213,27 +283,33 @@ class NBodyTask(Task):
     def evaluate_sets(
         self, model: nn.Module, *, batch_size: int = EQUIVARIANCE_SAMPLES, seed: int = 0
     ) -> dict[str, float]:
-        """MSE on ``eval``, ``e3_generalization``, ``object_generalization``, on the E(3) set with its
-        fixed shift removed (``e3_generalization_unshifted``), and the equivariance error.
+        """MSE on ``val`` (for model selection), ``eval``, ``e3_generalization``,
+        ``object_generalization``, on the E(3) set with its fixed shift removed
+        (``e3_generalization_unshifted``), and the equivariance error; for the charged system MSE on
+        ``val`` and ``test`` and the equivariance error (on val samples).
 
         Every set runs in batches of its own number of bodies (no padding). The equivariance error is
-        :func:`equivariance_error` on the first ``batch_size`` samples of the eval set, each with a
-        random rotation or reflection and a translation (std ``shift_std``) drawn from ``seed``.
+        :func:`equivariance_error` on the first ``batch_size`` samples of the eval (charged: val) set,
+        each with a random rotation or reflection and a translation (std ``shift_std``) from ``seed``.
         """
         parameter = next(model.parameters())
-        results = {f"{name}_mse": _set_mse(model, self.dataset(name), batch_size) for name in EVAL_SETS}
+        sets = SYSTEM_EVAL_SETS[self.config.system]
+        results = {f"{name}_mse": _set_mse(model, self.dataset(name), batch_size) for name in sets}
+        probe = "val" if self.config.system == "charged" else "eval"
+        sample = self.dataset(probe).subset(torch.arange(min(batch_size, len(self.dataset(probe)))))
+        x = sample.inputs().to(parameter.device, parameter.dtype)
+        generator = torch.Generator().manual_seed(seed)
+        results["equivariance_error"] = equivariance_error(
+            model, x, generator, shift_std=self.config.shift_std
+        )
+        if self.config.system == "charged":
+            return results
         # the E(3) set's samples without its fixed shift: an exactly E(3)-equivariant model reads the
         # same MSE, so the ratio to the eval set measures how hard these samples are in themselves
         shift = torch.zeros(3, dtype=torch.float64)
         shift[0] = self.config.e3_shift
         results["e3_generalization_unshifted_mse"] = _set_mse(
             model, self.dataset("e3_generalization").translated(-shift), batch_size
-        )
-        sample = self.dataset("eval").subset(torch.arange(min(batch_size, len(self.dataset("eval")))))
-        x = sample.inputs().to(parameter.device, parameter.dtype)
-        generator = torch.Generator().manual_seed(seed)
-        results["equivariance_error"] = equivariance_error(
-            model, x, generator, shift_std=self.config.shift_std
         )
         return results
 

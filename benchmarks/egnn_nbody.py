@@ -1,0 +1,120 @@
+"""EGNN's own ``main_nbody.py`` on a directory of charged-particle files, as a peer run of an experiment.
+
+Runs the EGNN authors' training script (their model, optimiser, data loader, evaluation) unchanged,
+from a checkout of their repository, on the ``.npy`` files in ``--data`` (EGNN's layout:
+``loc_train_charged5_initvel1small.npy`` …, written by their ``generate_dataset.py`` or by
+``geoattn data make nbody-charged``), for a budget in optimiser steps (epochs of 3,000 / 100 = 30
+steps each), and writes ``OUT/metrics.json``:
+
+* ``val_mse``, ``test_mse``: EGNN's own protocol, the best validation MSE over its evaluations
+  (every 5 epochs) and the test MSE at that epoch;
+* ``test_mse_last``: the test MSE at its last evaluation (no selection on validation);
+* ``params``, ``wall_s`` (the whole script), ``steps``, ``epochs``, ``lr``, ``seed``, ``command``.
+
+Its script does not seed PyTorch; this runner does (``torch.manual_seed(seed)``) before calling it.
+Run it with a Python that has torch (the project's environment will do)::
+
+    python benchmarks/egnn_nbody.py --egnn ../peers/egnn --data DIR --out OUT --steps 3000 --seed 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+SUFFIX = "_charged5_initvel1small"
+FILES = [
+    f"{a}_{s}{SUFFIX}.npy" for a in ("loc", "vel", "edges", "charges") for s in ("train", "valid", "test")
+]
+
+
+def fail(message: str) -> None:
+    print(f"egnn_nbody: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--egnn", required=True, help="checkout of EGNN's repository (has main_nbody.py)")
+    parser.add_argument("--data", required=True, help="directory with EGNN's twelve .npy files")
+    parser.add_argument("--out", required=True, help="directory for metrics.json and EGNN's logs")
+    parser.add_argument("--steps", type=int, default=3000, help="optimiser steps (batch 100: 30 per epoch)")
+    parser.add_argument("--lr", type=float, default=5e-4, help="EGNN's --lr (its default 5e-4)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--train-size", type=int, default=3000, help="EGNN's --max_training_samples")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--force", action="store_true", help="overwrite an existing metrics.json")
+    args = parser.parse_args(argv)
+    command = [sys.executable, sys.argv[0], *(argv if argv is not None else sys.argv[1:])]
+
+    egnn, data, out = Path(args.egnn).resolve(), Path(args.data).resolve(), Path(args.out).resolve()
+    if not (egnn / "main_nbody.py").is_file():
+        fail(f"{egnn} has no main_nbody.py (a checkout of EGNN's repository is needed)")
+    missing = [f for f in FILES if not (data / f).is_file()]
+    if missing:
+        fail(f"{data / missing[0]} is missing (EGNN's layout, e.g. geoattn data make nbody-charged)")
+    if (out / "metrics.json").exists() and not args.force:
+        fail(f"{out / 'metrics.json'} exists (--force overwrites)")
+    steps_per_epoch = args.train_size // 100
+    if args.steps % steps_per_epoch:
+        fail(f"--steps {args.steps} is not a whole number of epochs of {steps_per_epoch} steps")
+    epochs = args.steps // steps_per_epoch
+
+    # EGNN's script reads n_body_system/dataset/ relative to the working directory: a scratch folder
+    # whose dataset/ links to the files, so the checkout stays untouched
+    work = out / "work"
+    (work / "n_body_system" / "dataset").mkdir(parents=True, exist_ok=True)
+    for f in FILES:
+        link = work / "n_body_system" / "dataset" / f
+        link.unlink(missing_ok=True)
+        link.symlink_to(data / f)
+    os.chdir(work)
+    sys.path.insert(0, str(egnn))
+    sys.argv = [
+        "main_nbody.py",
+        "--epochs", str(epochs),
+        "--lr", str(args.lr),
+        "--max_training_samples", str(args.train_size),
+        "--exp_name", f"seed_{args.seed}",
+        "--outf", str(out / "logs"),
+        "--no-cuda",
+    ]  # fmt: skip
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    start = time.perf_counter()
+    import main_nbody  # parses sys.argv at import, as when run as a script
+
+    best_val, best_test, best_epoch = main_nbody.main()
+    wall = time.perf_counter() - start
+    losses = json.loads((out / "logs" / f"seed_{args.seed}" / "losess.json").read_text())
+    metrics = {
+        "val_mse": best_val,
+        "test_mse": best_test,
+        "best_epoch": best_epoch,
+        "test_mse_last": losses["losess"][-1],
+        "params": None,
+        "wall_s": wall,
+        "steps": args.steps,
+        "epochs": epochs,
+        "lr": args.lr,
+        "seed": args.seed,
+        "command": command,
+    }
+    model = main_nbody.EGNN_vel(in_node_nf=1, in_edge_nf=2, hidden_nf=64, n_layers=4, recurrent=True)
+    metrics["params"] = sum(p.numel() for p in model.parameters())
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    print(json.dumps({k: v for k, v in metrics.items() if k != "command"}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
