@@ -391,8 +391,12 @@ def _locked(folder: Path, quiet: bool) -> Iterator[None]:
 
 
 def _compile(name: str, folder: Path, target: str, tools: Toolchain, quiet: bool) -> dict:
+    from torch.utils import cpp_extension
     from torch.utils.cpp_extension import load
 
+    # torch remembers by name what it compiled in this process and, asked again with the same
+    # arguments, only imports: a retry after a failed build (or --rebuild) must compile
+    getattr(getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None), "entries", {}).pop(name, None)
     # torch's own lock, left by an interrupted build, would make its builder wait forever; with ours
     # held no other process is building here
     (folder / "lock").unlink(missing_ok=True)
