@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from geoattn.bench import BENCHMARKS
-from geoattn.errors import ConfigError, UserError
+from geoattn.errors import ConfigError, NativeBuildError, UserError
 from geoattn.formatting import format_table
 from geoattn.subnormals import flush_unless_kept
 
@@ -420,11 +420,7 @@ def cmd_native_build(args: argparse.Namespace) -> int:
     if not native.enabled():
         print(f"the native kernels are switched off ({native.NATIVE_ENV}=0): nothing built")
         return 0
-    try:
-        result = native.build(args.march or native.march(), quiet=False, rebuild=args.rebuild)
-    except native.NativeBuildError as err:
-        print(f"geoattn native build: error: {err}", file=sys.stderr)
-        return 1
+    result = native.build(args.march or native.march(), quiet=False, rebuild=args.rebuild)
     print("\n".join(result.lines()))
     return 0
 
@@ -466,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:  # anything else is a bug and keeps its traceback
         print(f"geoattn {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except NativeBuildError as err:  # GEOATTN_NATIVE=require: the compiler's error, without a traceback
+        print(f"geoattn {args.command}: error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("geoattn: interrupted", file=sys.stderr)
         return 130

@@ -6,6 +6,7 @@ against the reference, the kernels' own subnormal mode, and the bench header tha
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -108,12 +109,18 @@ def test_the_build_command_when_switched_off(monkeypatch, capsys):
 
 
 # ------------------------------------------------------------------------ failing loudly ----
-def test_require_mode_raises_where_there_is_no_compiler(fresh, monkeypatch, capsys):
-    """``CXX`` naming no compiler: ``require`` raises with a one-line reason, the default warns once and
-    leaves the Python kernels, and the command exits 1 with the reason."""
-    monkeypatch.setenv("CXX", "/nonexistent/g++")
+@pytest.mark.parametrize("missing", ["CXX", "PATH"])
+def test_require_mode_raises_where_there_is_no_compiler(missing, fresh, monkeypatch, tmp_path, capsys):
+    """``CXX`` naming no compiler, or no ``c++`` on ``PATH``: ``require`` raises with a one-line reason,
+    the default warns once and leaves the Python kernels, and the command exits 1 with the reason."""
+    if missing == "CXX":
+        monkeypatch.setenv("CXX", "/nonexistent/g++")
+    else:
+        monkeypatch.delenv("CXX", raising=False)
+        monkeypatch.setenv("PATH", str(tmp_path))
+    name = "/nonexistent/g++" if missing == "CXX" else "c++"
     monkeypatch.setenv(native.NATIVE_ENV, "require")
-    with pytest.raises(native.NativeBuildError, match=r"no C\+\+ compiler: '/nonexistent/g\+\+'.*GCC >= 12"):
+    with pytest.raises(native.NativeBuildError, match=rf"no C\+\+ compiler: '{re.escape(name)}'.*GCC >= 12"):
         native.cpu_kernels()
     assert cli.main(["native", "build"]) == 1
     assert "no C++ compiler" in capsys.readouterr().err

@@ -51,7 +51,7 @@ from types import ModuleType
 
 import torch
 
-from geoattn.errors import ConfigError
+from geoattn.errors import ConfigError, NativeBuildError
 
 try:
     import fcntl
@@ -72,15 +72,6 @@ _BUILD_INFO = "build.json"  # written once a build has succeeded: what `Build` r
 _LOCK = "build.lock"  # our lock (fcntl: the kernel releases it when its holder dies)
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on", "auto")
-
-
-class NativeBuildError(RuntimeError):
-    """The native kernels could not be built or loaded. The message carries the compiler's output;
-    ``reason`` is the one line of it that says what failed."""
-
-    def __init__(self, message: str, reason: str | None = None):
-        super().__init__(message)
-        self.reason = reason or message
 
 
 @dataclasses.dataclass(frozen=True)
