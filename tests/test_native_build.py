@@ -63,6 +63,7 @@ def _fake_compiler(folder: Path, version: str = "12.2.0", error: str = "error: s
             #!/bin/sh
             case "$1" in
               --version) echo "g++ (fake) {version}"; exit 0;;
+              -v) echo "gcc version {version} (fake)" >&2; exit 0;;
               -dumpfullversion|-dumpversion) echo "{version}"; exit 0;;
             esac
             echo "module.cpp:1:1: {error}" >&2

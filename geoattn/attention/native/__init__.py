@@ -225,16 +225,15 @@ def toolchain() -> Toolchain:
     except (OSError, subprocess.SubprocessError) as err:
         raise NativeBuildError(f"the C++ compiler {path} does not run ({err})") from err
     version_line = out.strip().splitlines()[0] if out.strip() else path
-    gcc = None
-    if "clang" not in out.lower() and re.search(r"g\+\+|gcc|GCC", out):
-        dumped = subprocess.run([path, "-dumpfullversion", "-dumpversion"], capture_output=True, text=True)
-        numbers = re.findall(r"\d+", dumped.stdout)
-        gcc = tuple(int(x) for x in numbers[:3]) if numbers else None
-        if gcc is not None and gcc[0] < MIN_GCC:
-            raise NativeBuildError(
-                f"{path} is GCC {'.'.join(map(str, gcc))}; the native kernels need GCC >= {MIN_GCC} "
-                "(__builtin_shufflevector): set CXX to a newer g++, or GEOATTN_NATIVE=0"
-            )
+    # GCC says "gcc version X" to -v whatever it is called (c++, g++-12, a wrapper); clang does not
+    probe = subprocess.run([path, "-v"], capture_output=True, text=True, timeout=60)
+    found = re.search(r"^gcc version (\d+(?:\.\d+)*)", probe.stderr + probe.stdout, re.MULTILINE)
+    gcc = tuple(int(x) for x in found.group(1).split(".")) if found else None
+    if gcc is not None and gcc[0] < MIN_GCC:
+        raise NativeBuildError(
+            f"{path} is GCC {'.'.join(map(str, gcc))}; the native kernels need GCC >= {MIN_GCC} "
+            "(__builtin_shufflevector): set CXX to a newer g++, or GEOATTN_NATIVE=0"
+        )
     if shutil.which("ninja") is None:
         raise NativeBuildError(
             "ninja is not on PATH (torch builds its C++ extensions with it): pip install ninja"
