@@ -19,10 +19,11 @@
 Building: `build` (what ``geoattn native build`` runs; ``make run`` runs it at set-up) compiles the
 source with the toolchain ``torch.utils.cpp_extension`` uses (``$CXX``, default ``c++``, which must be
 GCC ≥ 12, and ``ninja``) with ``-O3 -march=M -fopenmp`` into a cache folder (`cache_root`), one per
-variant, torch version, compiler and source. ``M`` is ``GEOATTN_NATIVE_MARCH`` (default ``native``: the
-CPU the build runs on; ``x86-64-v3`` builds for any x86 CPU with AVX2 and FMA). One process per machine
-builds a variant, under a file lock in the cache folder; the others (DDP ranks) wait and load its
-result. A process that finds the module built loads it without the compiler.
+variant, torch version and source (and CPU, for ``native``). ``M`` is ``GEOATTN_NATIVE_MARCH`` (default
+``native``: the CPU the build runs on; ``x86-64-v3`` builds for any x86 CPU with AVX2 and FMA). One
+process per machine builds a variant, under a file lock in the cache folder; the others (DDP ranks)
+wait and load its result. A process that finds the module built loads it without the compiler. The
+documentation's page "Native CPU kernels" (docs/native.md) says the same for users.
 
 `cpu_kernels` gives the module to the kernels, building it on first use if no one did. What happens
 when it cannot be built is ``GEOATTN_NATIVE`` (`mode`): unset or ``1``, one warning and None (the
