@@ -103,6 +103,17 @@ def test_the_build_command_reports_compiler_flags_cache_and_seconds(march, capsy
         assert (build.module.lanes, build.module.isa) == (16, "AVX-512")
 
 
+def test_make_run_builds_the_kernels_at_set_up():
+    """``make run``: install, then ``geoattn native build`` (a failure stops set-up only under
+    ``GEOATTN_NATIVE=require``), then the quickstart."""
+    makefile = (Path(__file__).parents[1] / "Makefile").read_text()
+    recipe = lambda target: makefile.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]  # noqa: E731
+    assert recipe("run").startswith(" native\n") and "geoattn quickstart" in recipe("run")
+    native_recipe = recipe("native")
+    assert native_recipe.startswith(" install\n")
+    assert '$(BIN)/geoattn native build || [ "$$GEOATTN_NATIVE" != require ]' in native_recipe
+
+
 def test_the_build_command_when_switched_off(monkeypatch, capsys):
     monkeypatch.setenv(native.NATIVE_ENV, "0")
     assert cli.main(["native", "build"]) == 0
