@@ -344,6 +344,34 @@ def test_each_build_matches_the_reference(march, entry, dtype, d, causal, monkey
         )
 
 
+@pytest.mark.parametrize("d", [8, 32])
+@pytest.mark.parametrize("march", MARCHES)
+def test_each_build_in_float32_matches_its_float64_over_many_blocks(march, d, builds):
+    """The lag entry called directly with small blocks (query blocks of 16, key blocks of 24: causal
+    rows end inside a vector of either width, and past the last whole one): float32, which runs the
+    vector lanes, agrees with float64, which does not, values and gradients; the builds agree."""
+    g = torch.Generator().manual_seed(6)
+    b, h, n = 1, 2, 70
+    q, k, v, grad_out = (torch.randn(b, h, n, d, generator=g, dtype=F64) for _ in range(4))
+    q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
+    lm2 = 3 * torch.randn(b, h, n, generator=g, dtype=F64)
+    table = torch.rand(h, 2 * n - 1, generator=g, dtype=F64)
+    beta = torch.rand(h, generator=g, dtype=F64) + 0.5
+    results = {}
+    for name, build in builds.items():
+        kernel = build.module
+        for dtype in (F32, F64):
+            inputs = [x.to(dtype) for x in (q, k, v, lm2, table, beta)]
+            out, lse = kernel.rt_lag_forward(*inputs, True, 16, 24)
+            grads = kernel.rt_lag_backward(*inputs, out, lse, grad_out.to(dtype), True, 16, 24)
+            results[name, dtype] = [out, lse, *grads]
+    for f32, f64 in zip(results[march, F32], results[march, F64]):
+        scale = max(1.0, f64.abs().max().item())
+        torch.testing.assert_close(f32.double() / scale, f64 / scale, rtol=0, atol=2e-5)
+    for a, e in zip(results[march, F64], results[MARCHES[0], F64]):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("march", MARCHES)
 def test_the_march_setting_selects_the_build(march, monkeypatch):
     """``GEOATTN_NATIVE_MARCH`` is the variant `cpu_kernels` loads (each its own module and folder)."""
