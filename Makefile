@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # CUDA build, while 2.13.0 is the CPU build available on these machines.
 TORCH  := torch==2.13.0
 
-.PHONY: run test install install-dev lint docs clean
+.PHONY: run test install install-dev native lint docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,13 @@ install-dev: $(VENV)/.torch
 # docstring, fails it) into site/. The variables silence the MkDocs 2 notice some plugins print.
 MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict
 
-run: install
+# The native CPU kernels, compiled at set-up rather than on the first forward (docs/native.md). Where
+# they cannot be built the library runs its Python kernels, so set-up goes on, unless
+# GEOATTN_NATIVE=require asks for the failure.
+native: install
+	$(BIN)/geoattn native build || [ "$$GEOATTN_NATIVE" != require ]
+
+run: native
 	$(BIN)/geoattn quickstart
 
 lint: install-dev

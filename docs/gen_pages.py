@@ -92,6 +92,7 @@ nav = [
     "    * [RT-Filter attention](concepts/rt-filter.md)",
     "    * [Rotors](concepts/rotors.md)",
     "    * [Rotor head types](concepts/head-types.md)",
+    "* [Native CPU kernels](native.md)",
     "* [Command line](cli.md)",
     "* API reference",
     *nav_api,

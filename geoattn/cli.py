@@ -1,4 +1,4 @@
-"""The `geoattn` command: quickstart | train | eval | sample | export | experiment | bench | data."""
+"""The `geoattn` command: quickstart | train | eval | sample | export | experiment | bench | data | native."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from geoattn.bench import BENCHMARKS
-from geoattn.errors import ConfigError, UserError
+from geoattn.errors import ConfigError, NativeBuildError, UserError
 from geoattn.formatting import format_table
 from geoattn.subnormals import flush_unless_kept
 
@@ -35,7 +35,19 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         mod = importlib.import_module(module)
         p = kinds.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
         mod.add_arguments(p)
-        p.set_defaults(func=mod.run)
+        p.set_defaults(func=_with_machine_header(mod.run))
+
+
+def _with_machine_header(run):
+    """A bench command's ``run``, after the header that says which machine measured it."""
+
+    def header_then_run(args: argparse.Namespace) -> int:
+        from geoattn.bench.common import machine_header
+
+        print(machine_header(), flush=True)
+        return run(args)
+
+    return header_then_run
 
 
 # ---------------------------------------------------------------------------------------- train ----
@@ -383,6 +395,40 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------------- native ----
+def _add_native(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("native", help="the native CPU kernels: build them ahead of their first use")
+    actions = p.add_subparsers(dest="action", required=True)
+    b = actions.add_parser(
+        "build",
+        help="compile the native CPU kernels now (once per machine and -march; `make run` does this)",
+        description="Compile the native CPU kernels into their cache folder, or find them built there, "
+        "and print the compiler, its flags, the SIMD lanes, the folder and the seconds it took. "
+        "Exits 1 with the compiler's error where they cannot be built.",
+    )
+    b.add_argument(
+        "--march",
+        default=None,
+        help="the -march to build for (default: $GEOATTN_NATIVE_MARCH, else native); "
+        "x86-64-v3 runs on any x86 CPU with AVX2 and FMA",
+    )
+    b.add_argument("--rebuild", action="store_true", help="compile afresh even where a build is found")
+    b.set_defaults(func=cmd_native_build)
+
+
+def cmd_native_build(args: argparse.Namespace) -> int:
+    """``geoattn native build``: build (or find) the kernels and print the report; 1 where they cannot
+    be built (the compiler's error on stderr)."""
+    from geoattn.attention import native
+
+    if not native.enabled():
+        print(f"the native kernels are switched off ({native.NATIVE_ENV}=0): nothing built")
+        return 0
+    result = native.build(args.march or native.march(), quiet=False, rebuild=args.rebuild)
+    print("\n".join(result.lines()))
+    return 0
+
+
 # ------------------------------------------------------------------------------------ quickstart ----
 def _add_quickstart(sub: argparse._SubParsersAction) -> None:
     from geoattn import quickstart
@@ -407,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_experiment(sub)
     _add_bench(sub)
     _add_data(sub)
+    _add_native(sub)
     return parser
 
 
@@ -419,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:  # anything else is a bug and keeps its traceback
         print(f"geoattn {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except NativeBuildError as err:  # GEOATTN_NATIVE=require: the compiler's error, without a traceback
+        print(f"geoattn {args.command}: error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("geoattn: interrupted", file=sys.stderr)
         return 130

@@ -13,7 +13,7 @@ def test_whole_runs_of_each_model_get_a_row_and_a_ratio(tmp_path, capsys):
     out = tmp_path / "bench"
     argv = ["bench", "train", "--models", "transformer", "rt", "--repeats", "2", "--out", str(out)]
     assert main([*argv, "--", *train, "--compile=false"]) == 0
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().out.split("\n", 2)[2]  # after the machine header's two lines
     title = printed.splitlines()[0]
     assert "--block-size 16" in title and " -- " not in title  # the runs' own arguments, as given
     rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in printed.splitlines()[3:]}

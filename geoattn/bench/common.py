@@ -1,4 +1,4 @@
-"""Shared measurement helpers for `geoattn bench ...`: medians, peak memory, tables.
+"""Shared measurement helpers for `geoattn bench ...`: the machine header, medians, peak memory, tables.
 
 Machines are noisy, so every benchmark reports medians over repeats and ratios against a peer
 measured in the same run, never absolute targets.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 import os
+import platform
+import re
 import statistics
 import time
 import tracemalloc
@@ -17,6 +19,83 @@ import torch
 
 from geoattn.formatting import format_table
 from geoattn.subnormals import subnormals_flushed
+
+
+def machine_header() -> str:
+    """What every ``geoattn bench`` prints first: the CPU a number was measured on, the vector
+    instructions it has, the BLAS torch uses and the native kernels' build, two lines::
+
+        cpu: AMD EPYC 9654 (AVX-512; torch's kernels: AVX512); blas: MKL 2024.2
+        native kernels: -march=native (znver4), 16 float32 lanes (AVX-512)
+
+    Builds the native kernels where they are enabled and not built yet (`geoattn.attention.native`),
+    so that no benchmark compiles them while it measures."""
+    from geoattn.attention import native
+
+    if native.enabled():
+        native.cpu_kernels()
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (
+        f"cpu: {cpu_model()} ({cpu_isa()}; torch's kernels: {capability}); blas: {blas()}\n"
+        f"native kernels: {native.describe()}"
+    )
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    fields: dict[str, str] = {}
+    try:
+        text = open("/proc/cpuinfo").read()  # noqa: SIM115 - a one-shot read
+    except OSError:
+        return fields
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``AMD EPYC 9654``), else what the platform says of the processor."""
+    info = _cpuinfo()
+    if info.get("model name"):
+        return info["model name"]
+    if info.get("CPU implementer"):  # ARM Linux: no model name, the implementer and part codes
+        part = info.get("CPU part", "?")
+        return f"{platform.machine()} (implementer {info['CPU implementer']}, part {part})"
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_isa() -> str:
+    """The widest vector instructions the CPU has: ``AVX-512``, ``AVX2``, ``AVX``, ``SSE``, ``SVE``,
+    ``NEON`` or ``unknown``."""
+    info = _cpuinfo()
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sve", "SVE")):
+        if flag in flags:
+            return name + (" + FMA" if name == "AVX2" and "fma" in flags else "")
+    if "asimd" in flags or platform.machine().lower() in ("arm64", "aarch64"):
+        return "NEON"
+    if flags & {"sse2", "sse4_2"}:
+        return "SSE"
+    return "unknown"
+
+
+def blas() -> str:
+    """The BLAS torch links and its version (``MKL 2024.2``, ``OpenBLAS``), from its build
+    configuration, with ``MKL_ENABLE_INSTRUCTIONS`` where it is set."""
+    config = torch.__config__.show()
+    mkl = re.search(r"Math Kernel Library Version ([\d.]+)", config)
+    if torch.backends.mkl.is_available():
+        name = "MKL" + (f" {mkl.group(1)}" if mkl else "")
+        limit = os.environ.get("MKL_ENABLE_INSTRUCTIONS")
+        return name + (f" (MKL_ENABLE_INSTRUCTIONS={limit})" if limit else "")
+    info = re.search(r"BLAS_INFO=(\w+)", config)
+    names = {"open": "OpenBLAS", "accelerate": "Accelerate", "blis": "BLIS", "flexi": "FlexiBLAS"}
+    return names.get(info.group(1), info.group(1)) if info else "unknown"
 
 
 def median_time(fn: Callable[[], object], *, repeats: int = 10, warmup: int = 2) -> float:

@@ -22,6 +22,8 @@
 #include <cstring>
 #include <vector>
 
+#include "fpmode.h"
+
 namespace frame {
 
 // The frame of one token, in double whatever the tensors' dtype (see `axes`).
@@ -137,6 +139,7 @@ template <typename T>
 void forward_impl(const T* frames, int64_t c, int64_t vec, const T* m, const T* t0, const Sparse<T>& sp, T* out,
                   int64_t p, int64_t cv, T eps) {
   at::parallel_for(0, p, 64, [&](int64_t begin, int64_t end) {
+    const FlushSubnormals mode;
     T mat[64];
     Lanes8<T> rows[8];
     for (int64_t t = begin; t < end; ++t) {
@@ -153,6 +156,7 @@ template <typename T>
 void backward_impl(const T* frames, int64_t c, int64_t vec, const T* m, const T* t0, const Sparse<T>& sp,
                    const T* g_out, T* g_frames, T* g_m, int64_t p, int64_t cv, T eps) {
   at::parallel_for(0, p, 64, [&](int64_t begin, int64_t end) {
+    const FlushSubnormals mode;
     T mat[64], mat_t[64], g_mat[64];
     Lanes8<T> cols[8], g_rows[8];
     for (int64_t t = begin; t < end; ++t) {

@@ -1,4 +1,7 @@
-// The native CPU kernels as one Python module (built by geoattn.attention.native on first use).
+// The native CPU kernels as one Python module (built by geoattn.attention.native: `geoattn native
+// build`, or the first use). Besides the kernels it reports what the build targets: `lanes` (float32s
+// per vector), `isa` (the vector instructions the -march gave) and `flushes_subnormals()` (whether the
+// calling thread flushes now; the kernels set their own mode and restore the caller's).
 
 #include "frame.h"
 #include "rt_lag.h"
@@ -11,4 +14,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rt_qkv_backward", &rt_qkv_backward, "RT-Filter attention from the fused projection, backward");
   m.def("frame_forward", &frame_forward, "the frame head's per-token transform, forward");
   m.def("frame_backward", &frame_backward, "the frame head's per-token transform, backward");
+  m.attr("lanes") = kLanes;
+  m.attr("isa") = kIsa;
+  m.def("flushes_subnormals", &FlushSubnormals::active, "whether the calling thread flushes subnormals");
 }

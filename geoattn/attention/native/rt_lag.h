@@ -26,7 +26,10 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
+
+#include "fpmode.h"
 
 extern "C" {
 void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
@@ -64,12 +67,34 @@ void mm_atb(int r, int c, int k, const T* a, int lda, const T* b, int ldb, T bet
   gemm('N', 'T', c, r, k, T(1), b, ldb, a, lda, beta, out, ldo);
 }
 
-// The elementwise work runs on lanes: 16 float32s at a time as a GCC vector (the compiler maps it
-// to whatever SIMD the machine has), and one at a time for the tail and for float64. Each formula
-// below is written once, for any lane type L.
-using vf = float __attribute__((vector_size(64)));
-using vi = int32_t __attribute__((vector_size(64)));
+// The elementwise work runs on lanes: kLanes float32s at a time as a GCC vector, and one at a time
+// for the tail and for float64. Each formula below is written once, for any lane type L. The vector
+// is as wide as the registers of the ISA the build targets (its -march, seen through the predefined
+// macros): 16 floats with AVX-512, 8 with AVX2, 4 with NEON or SSE2; on any other target GCC lowers
+// the same code to what the target has (plain C++, no intrinsics). A vector wider than the
+// registers would be split into several by the compiler, which undoes the point of writing lanes.
+#if defined(__AVX512F__)
 constexpr int kLanes = 16;
+constexpr const char* kIsa = "AVX-512";
+#elif defined(__AVX2__)
+constexpr int kLanes = 8;
+constexpr const char* kIsa = "AVX2";
+#elif defined(__AVX__)
+constexpr int kLanes = 8;
+constexpr const char* kIsa = "AVX";
+#elif defined(__ARM_NEON)
+constexpr int kLanes = 4;
+constexpr const char* kIsa = "NEON";
+#elif defined(__SSE2__)
+constexpr int kLanes = 4;
+constexpr const char* kIsa = "SSE2";
+#else
+constexpr int kLanes = 4;
+constexpr const char* kIsa = "generic";
+#endif
+using vf = float __attribute__((vector_size(sizeof(float) * kLanes)));
+using vi = int32_t __attribute__((vector_size(sizeof(int32_t) * kLanes)));
+using Lanes = std::make_index_sequence<kLanes>;
 
 template <typename L, typename T>
 inline L load(const T* p) {
@@ -149,15 +174,31 @@ inline L exp_lane(L x) {
   }
 }
 
-// op over the 16 lanes as a tree (four steps) rather than a chain of sixteen: it ends every row.
-template <typename Op>
-inline float lane_reduce(vf v, Op op) {
-  using v8 = float __attribute__((vector_size(32)));
-  using v4 = float __attribute__((vector_size(16)));
-  const v8 a = op(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
-                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
-  const v4 b = op(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(a, a, 4, 5, 6, 7));
-  return op(op(b[0], b[2]), op(b[1], b[3]));
+// op over the lanes as a tree (halving the vector at each step) rather than a chain: it ends every
+// row. The shuffles need GCC ≥ 12 (`__builtin_shufflevector`).
+template <typename V, std::size_t... I>
+inline auto lower_half(V v, std::index_sequence<I...>) {
+  return __builtin_shufflevector(v, v, I...);
+}
+template <typename V, std::size_t... I>
+inline auto upper_half(V v, std::index_sequence<I...>) {
+  return __builtin_shufflevector(v, v, (I + sizeof...(I))...);
+}
+template <typename V, typename Op>
+inline float lane_reduce(V v, Op op) {
+  constexpr std::size_t n = sizeof(V) / sizeof(float);
+  static_assert(n >= 4 && (n & (n - 1)) == 0, "lanes: a power of two, at least 4");
+  if constexpr (n == 4) {
+    return op(op(v[0], v[2]), op(v[1], v[3]));
+  } else {
+    constexpr auto half = std::make_index_sequence<n / 2>{};
+    return lane_reduce(op(lower_half(v, half), upper_half(v, half)), op);
+  }
+}
+
+template <std::size_t... I>
+inline vi iota_of(std::index_sequence<I...>) {
+  return vi{static_cast<int32_t>(I)...};
 }
 
 // Which lanes of the vector at j lie before `width` (always true one value at a time), and x where
@@ -165,8 +206,7 @@ inline float lane_reduce(vf v, Op op) {
 template <typename L>
 inline auto lanes_before(int j, int width) {
   if constexpr (std::is_same_v<L, vf>) {
-    const vi iota{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    return (iota + j) < width;
+    return (iota_of(Lanes{}) + j) < width;
   } else {
     return true;
   }
@@ -183,7 +223,7 @@ inline L keep(M mask, L x, L other) {
 // acc = op(acc, f(j, L{}, mask)) over j < width: whole vectors of float32s first, then one at a time.
 // The last vector may run past `width` up to `span` (the buffer's end), its lanes at j ≥ width marked
 // false in `mask` for f to neutralise: a causal row's ragged end then costs one vector, not up to
-// fifteen calls on single values.
+// kLanes − 1 calls on single values.
 template <typename T, typename F, typename Op>
 inline T over_lanes(int width, int span, T init, Op op, F&& f) {
   T acc = init;
@@ -349,6 +389,7 @@ void forward_impl(const Heads& heads, const T* table, const T* beta, T* out, T* 
   const int64_t w = 2 * n - 1, nqb = (n + bq - 1) / bq;
   const T tiny = tiny34<T>(), inf = std::numeric_limits<T>::infinity();
   at::parallel_for(0, bh * nqb, 1, [&](int64_t begin, int64_t end) {
+    const FlushSubnormals mode;
     std::vector<T> s(bq * bk), acc(bq * dv), mx(bq), sum(bq), bm2(n), scratch(heads.scratch());
     HeadIn<T> in{};
     int64_t last_head = -1;
@@ -418,6 +459,7 @@ void backward_impl(const Heads& heads, const T* table, const T* beta, const T* l
   const int64_t w = 2 * n - 1;
   const T tiny = tiny34<T>();
   at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
+    const FlushSubnormals mode;
     std::vector<T> s(bq * bk), dp(bq * bk), bm2(n), scratch(heads.scratch());
     for (int64_t x = begin; x < end; ++x) {
       const int hh = static_cast<int>(x % h);

@@ -42,8 +42,8 @@ struct Qkv {
   bool unit(int part) const { return part < 2 || normalize_values; }
 };
 
-// Rows are handled in lanes (rt_lag.h): 16 float32s at a time where D is a multiple of 16, else one
-// value at a time; a row's sums end in a tree of lane additions (`lane_reduce`).
+// Rows are handled in lanes (rt_lag.h): kLanes float32s at a time where D is a multiple of kLanes,
+// else one value at a time; a row's sums end in a tree of lane additions (`lane_reduce`).
 template <typename L>
 constexpr int64_t width_of = std::is_same_v<L, vf> ? kLanes : 1;
 
@@ -56,17 +56,34 @@ inline auto lane_sum(L v) {
   }
 }
 
+// The pair shuffles of `turn_row` on a vector of lanes: each pair's first value twice, its second
+// value twice, the pair swapped, and the signs (−1, +1) repeated.
+template <std::size_t... I>
+inline vf pair_firsts(vf t, std::index_sequence<I...>) {
+  return __builtin_shufflevector(t, t, (I & ~std::size_t(1))...);
+}
+template <std::size_t... I>
+inline vf pair_seconds(vf t, std::index_sequence<I...>) {
+  return __builtin_shufflevector(t, t, (I | std::size_t(1))...);
+}
+template <std::size_t... I>
+inline vf pairs_swapped(vf v, std::index_sequence<I...>) {
+  return __builtin_shufflevector(v, v, (I ^ std::size_t(1))...);
+}
+template <std::size_t... I>
+inline vf alternating_signs(std::index_sequence<I...>) {
+  return vf{(I % 2 ? 1.0f : -1.0f)...};
+}
+
 // y = R(sign·θ) x on a row's pairs (turn_pairs), in place allowed; `turn` is the row's (cos, sin) pairs.
 template <typename L, typename T>
 inline void turn_row(const T* x, T* y, const T* turn, int64_t d, T sign) {
   if constexpr (std::is_same_v<L, vf>) {
-    const vf alt = vf{-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1} * sign;
+    const vf alt = alternating_signs(Lanes{}) * sign;
     for (int64_t c = 0; c < d; c += kLanes) {
       const vf v = load<vf>(x + c), t = load<vf>(turn + c);
-      const vf cos = __builtin_shufflevector(t, t, 0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
-      const vf sin = __builtin_shufflevector(t, t, 1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15);
-      const vf swapped = __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-      store(y + c, cos * v + alt * sin * swapped);
+      const vf cos = pair_firsts(t, Lanes{}), sin = pair_seconds(t, Lanes{});
+      store(y + c, cos * v + alt * sin * pairs_swapped(v, Lanes{}));
     }
   } else {
     turn_pairs(x, y, turn, d / 2, sign);
@@ -225,8 +242,8 @@ struct QkvHeads {
   }
 };
 
-// Runs f(heads) with the lanes that fit the rows: 16 float32s at a time where D is a multiple of 16,
-// else one value at a time.
+// Runs f(heads) with the lanes that fit the rows: kLanes float32s at a time where D is a multiple of
+// kLanes, else one value at a time.
 template <typename T, typename F>
 void with_qkv_heads(const Qkv<T>& s, F&& f) {
   if constexpr (std::is_same_v<T, float>) {
