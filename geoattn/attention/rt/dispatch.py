@@ -25,6 +25,8 @@ from geoattn.attention.rt.params import Call
 
 
 class Path(NamedTuple):
+    """One row of the table."""
+
     name: str
     can_use: Callable[[Call], str | None]  # None: it serves the call; else the reason it does not
     run: Callable[[Call], tuple[Tensor, Tensor | None]]  # -> (o (B, H, N, D), weights or None)

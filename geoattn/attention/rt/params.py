@@ -62,6 +62,7 @@ class Call(NamedTuple):
 
     @property
     def learned_omega(self) -> bool:
+        """Whether autograd records a gradient for ω in this call."""
         return self.omega is not None and self.omega.requires_grad and torch.is_grad_enabled()
 
 
