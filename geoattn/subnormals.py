@@ -13,9 +13,8 @@ it reaches PyTorch's worker threads only when set before the first parallel oper
 It is global state that other code in the process sees too (NumPy, property-testing libraries that
 generate subnormals), so the library leaves it alone: the ``geoattn`` command sets it first thing
 (``GEOATTN_KEEP_SUBNORMALS=1`` in the environment keeps IEEE subnormals), and a program that wants it
-calls `flush_subnormals` before its first torch operation. The kernels choose by `subnormals_flushed`:
-flushed, the separable and tied RT paths run PyTorch's own SDPA backward and `flush_small` does
-nothing; otherwise they flush their own intermediates and use a backward that does.
+calls `flush_subnormals` before its first torch operation. No kernel chooses its path by it: a plain
+Python program and the ``geoattn`` command run the same code (the benchmarks print the mode).
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ def flush_subnormals() -> bool:
 
 
 def subnormals_flushed() -> bool:
-    """Whether `flush_subnormals` ran in this process (a static fact the kernels choose paths by)."""
+    """Whether `flush_subnormals` ran in this process (what the benchmarks' headers report)."""
     return _flushed
 
 

@@ -514,9 +514,9 @@ def test_bad_input_raises_value_error():
 def test_compiled_kernels_match_the_eager_form_values_and_gradients(monkeypatch):
     """The large-batch path (compiled per-blade kernels with their own backward) against the eager
     dense-table form."""
-    from geoattn.algebra import kernels
+    import geoattn.compile
 
-    monkeypatch.setattr(kernels, "COMPILE_MIN_ROWS", 1)
+    monkeypatch.setattr(geoattn.compile, "COMPILE_MIN_ELEMENTS", 1)
     fast, slow = CliffordAlgebra(2, 0, 1), CliffordAlgebra(2, 0, 1, compile=False)  # small: quick to compile
     a, b, g = rand(0, 3, 1, 8), rand(1, 4, 8), rand(2, 3, 4, 8)
     outs = []
@@ -537,7 +537,7 @@ def test_compiled_kernels_match_the_eager_form_values_and_gradients(monkeypatch)
 @torch._dynamo.config.patch(recompile_limit=1)  # (monkeypatch would delete the setting on undo)
 def test_many_algebras_and_widths_in_one_process(monkeypatch):
     """Issue #12: models of several widths and algebras built in one process. Every large product
-    (≥ COMPILE_MIN_ROWS rows, forward and backward) goes through torch.compile'd per-blade kernels;
+    (rows · 2ⁿ ≥ COMPILE_MIN_ELEMENTS, forward and backward) goes through torch.compile'd per-blade kernels;
     one function shared by all tables was recompiled per table and failed at dynamo's recompile
     limit (8) on the third algebra. Here the limit is 1: any recompile (per width, per algebra
     instance, per table) makes a product give up its kernel and fails the test; the "eager" backend
@@ -547,7 +547,9 @@ def test_many_algebras_and_widths_in_one_process(monkeypatch):
 
     monkeypatch.setattr(kernels, "COMPILE_BACKEND", "eager")
     monkeypatch.setattr(kernels, "_SHARED", {})  # fresh kernels, compiled with the backend above
-    rows = kernels.COMPILE_MIN_ROWS
+    import geoattn.compile
+
+    rows = geoattn.compile.COMPILE_MIN_ELEMENTS // 4  # every algebra here has at least 4 blades
     runs = 0
     for sig in [(2, 0, 0), (1, 0, 1), (3, 0, 0), (2, 0, 0)]:
         for width, dtype in ((1, torch.float32), (3, torch.float32)):

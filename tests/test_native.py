@@ -1,7 +1,7 @@
-"""The native CPU kernel of RT-Filter attention (`geoattn.attention.native`, issue #13): exact
-against the float64 reference and the Python blockwise loops (values and every gradient), chosen by
-``auto`` from static facts, compiled around as one operator, and optional (a failed build warns once
-and leaves the Python kernel in charge)."""
+"""The native CPU path of RT-Filter attention (`geoattn.attention.rt.native_cpu` around
+`geoattn.attention.native`): exact against the float64 reference (values and every gradient, every
+switch of the layers), chosen by ``auto`` from static facts, compiled around as one operator, and
+optional (a failed build warns once and leaves the chunked path in charge)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import warnings
 import pytest
 import torch
 
-import geoattn.attention.rt_kernel as rt
-from geoattn import subnormals
 from geoattn.algebra.rotation import rope_frequencies
 from geoattn.attention import native
-from geoattn.attention.rt_kernel import rt_attention
+from geoattn.attention.rt import dispatch, native_cpu, params, rt_attention, rt_attention_qkv
+from geoattn.attention.rt.params import Call
 
 F64, F32 = torch.float64, torch.float32
 
@@ -32,8 +31,7 @@ def _inputs(b=2, h=3, n=150, d=8, dtype=F64, seed=0, spread=3.0):
 
 
 def _params(regime: str, dtype=F64):
-    # at most 2 μ_r Δt = 60 over N = 150 (below `rt._FAR`: the reference's plain c stays finite),
-    # except for "fast", whose far lags take log c in log space
+    # "fast": far lags (2 μ_r Δt up to 900) whose log c every path takes in log space
     mu_r = torch.tensor({"fast": [0.0, 0.5, 3.0]}.get(regime, [0.0, 0.05, 0.2]), dtype=dtype)
     eta_t2 = torch.tensor([0.5, 1.0, 2.0], dtype=dtype)
     sigma_t2 = {
@@ -41,6 +39,11 @@ def _params(regime: str, dtype=F64):
         "tied": 2 * mu_r * eta_t2,
     }.get(regime, torch.tensor([0.1, 0.02, 0.3], dtype=dtype))
     return dict(mu_r=mu_r, sigma_t2=sigma_t2, eta_t2=eta_t2, beta=torch.tensor([1.0, 2.0, 0.5], dtype=dtype))
+
+
+def _call(n=16):
+    qkv = torch.randn(2, n, 3, 3, 8)
+    return Call(qkv, None, 1.0, tuple(torch.ones(3) for _ in range(4)), None, None, True, True, "auto", False)
 
 
 def _grads(out, leaves, seed=1):
@@ -57,96 +60,70 @@ def _run(backend, dtype, regime, causal, **kw):
 
 
 class _Calls:
-    """Counts the native kernel's forward and backward calls, per entry point: ``lag`` (`rt_lag.h`,
-    on prepared q, k, v) and ``qkv`` (`rt_qkv.h`, from the fused projection)."""
+    """Counts the native kernel's forward and backward calls per entry point (``qkv``: `rt_qkv.h`)."""
 
     def __init__(self, monkeypatch):
-        self.counts = {"lag": [0, 0], "qkv": [0, 0]}
+        self.counts = {}
         module = native.cpu_kernels()
         spy = self
 
         class Spy:
             def __getattr__(self, name):
                 entry, direction = name.removeprefix("rt_").split("_")
-                spy.counts[entry][direction == "backward"] += 1
+                spy.counts.setdefault(entry, [0, 0])[direction == "backward"] += 1
                 return getattr(module, name)
 
         monkeypatch.setattr(native, "cpu_kernels", lambda: Spy())
 
     def __getitem__(self, entry: str) -> tuple[int, int]:
-        return tuple(self.counts[entry])
-
-
-def _python_kernels(monkeypatch) -> None:
-    """The Python blockwise loops instead of both native entry points."""
-    monkeypatch.setattr(rt, "_native_kernel", lambda qh, params: None)
-    monkeypatch.setattr(rt, "_fused_native", lambda qkv, omega: False)
-
-
-def _lag_entry(monkeypatch) -> None:
-    """The native kernel on prepared q, k, v (`rt_lag.h`) instead of the fused entry (`rt_qkv.h`)."""
-    monkeypatch.setattr(rt, "_fused_native", lambda qkv, omega: False)
+        return tuple(self.counts.get(entry, (0, 0)))
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("regime", ["general", "separable", "tied", "fast"])
 @pytest.mark.parametrize("blocks", [(64, 256), (16, 24)], ids=["default-blocks", "many-blocks"])
-@pytest.mark.parametrize("entry", ["qkv", "lag"])
-def test_native_kernel_matches_reference(entry, regime, causal, blocks, monkeypatch):
-    """float64, every regime (μ_r = 0, σ_t² = 0, the tied family), N = 150 not a multiple of the
-    blocks, both entry points: values and the gradients of q, k, v and all four parameters equal
-    the reference's to rounding. "fast": a decay whose far lags (2 μ_r Δt up to 900) overflow the
-    reference's plain ``c``; there the oracle is the Python blockwise kernel, whose table takes
-    ``log c`` in log space."""
-    monkeypatch.setattr(rt, "NATIVE_BLOCKS", blocks)
-    if entry == "lag":
-        _lag_entry(monkeypatch)
+def test_native_path_matches_reference(regime, causal, blocks, monkeypatch):
+    """float64, every regime (μ_r = 0, σ_t² = 0, the tied family, far lags), N = 150 not a multiple of
+    the blocks: values and the gradients of q, k, v and all four parameters equal the reference's to
+    rounding, through ``auto`` (which takes the native path) and by name."""
+    monkeypatch.setattr(native_cpu, "BLOCKS", blocks)
     calls = _Calls(monkeypatch)
-    out, grads = _run("blockwise", F64, regime, causal)
-    assert calls[entry] == (1, 1) and sum(calls["qkv" if entry == "lag" else "lag"]) == 0
-    if regime == "fast":
-        _python_kernels(monkeypatch)
-    ref, ref_grads = _run("blockwise" if regime == "fast" else "reference", F64, regime, causal)
+    out, grads = _run("auto", F64, regime, causal)
+    assert calls["qkv"] == (1, 1)
+    by_name, _ = _run("native", F64, regime, causal)
+    assert calls["qkv"] == (2, 2)
+    ref, ref_grads = _run("reference", F64, regime, causal)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(by_name, out, rtol=0, atol=0)
     for name, g, g_ref in zip(("q", "k", "v", "mu_r", "sigma_t2", "eta_t2", "beta"), grads, ref_grads):
         torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-10, msg=f"gradient of {name}")
 
 
 @pytest.mark.parametrize("blocks", [(64, 256), (16, 24)], ids=["default-blocks", "many-blocks"])
 @pytest.mark.parametrize("flushed", [True, False], ids=["subnormals-flushed", "subnormals-kept"])
-@pytest.mark.parametrize(("entry", "d"), [("qkv", 8), ("qkv", 32), ("lag", 8)])
-def test_native_float32_matches_the_python_kernel_and_the_reference(entry, d, flushed, blocks, monkeypatch):
+@pytest.mark.parametrize("d", [8, 32])
+def test_native_float32_matches_the_reference(d, flushed, blocks, monkeypatch):
     """float32 with wide key magnitudes (sharp weights, factors that would be subnormal): the native
-    kernel, the Python blockwise loops and the float64 reference agree, whether or not the CPU flushes
-    subnormals (the native kernel flushes below tiny^¾ itself, like `flush_small`). D = 32 runs the
-    fused entry's rows in whole SIMD lanes, D = 8 one value at a time. At D = 32 the fused entry,
-    which normalises and rotates in its own loops, is the more accurate of the two float32 kernels
-    (the Python path rounds between its passes), so the check there is that it is no farther from
-    the float64 reference than the Python path is. Many blocks: key blocks of 24 columns, whose
-    causal rows end in a masked vector of 16 lanes or in single values past the last whole vector."""
-    monkeypatch.setattr(subnormals, "_flushed", flushed)
-    monkeypatch.setattr(rt, "NATIVE_BLOCKS", blocks)
-    if entry == "lag":
-        _lag_entry(monkeypatch)
-    out, grads = _run("blockwise", F32, "general", True, spread=12.0, d=d)
-    _python_kernels(monkeypatch)
-    py_out, py_grads = _run("blockwise", F32, "general", True, spread=12.0, d=d)
+    kernel agrees with the float64 reference whether or not the calling thread flushes subnormals.
+    D = 32 runs the rows in whole SIMD lanes, D = 8 one value at a time. Many blocks: key blocks of
+    24 columns, whose causal rows end in a masked vector of 16 lanes or in single values."""
+    monkeypatch.setattr(native_cpu, "BLOCKS", blocks)
+    try:
+        torch.set_flush_denormal(flushed)
+        out, grads = _run("native", F32, "general", True, spread=12.0, d=d)
+    finally:
+        torch.set_flush_denormal(False)
     ref, ref_grads = _run("reference", F64, "general", True, spread=12.0, d=d)
-    torch.testing.assert_close(out, py_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-4)
-    for g, g_py, g_ref in zip(grads, py_grads, ref_grads):
-        if d == 8:
-            torch.testing.assert_close(g, g_py, rtol=1e-4, atol=1e-4)
-        else:
-            error, py_error = ((x.double() - g_ref).abs().max() for x in (g, g_py))
-            assert error <= 1.25 * py_error + 1e-6
+    for g, g_ref in zip(grads, ref_grads):
+        assert torch.isfinite(g).all()
         torch.testing.assert_close(g.double(), g_ref, rtol=1e-3, atol=1e-3)
-    assert all(torch.isfinite(g).all() for g in grads)
 
 
-def test_auto_takes_the_native_kernel_for_the_default_times_only(monkeypatch):
-    """With the default times every structure and length runs natively on the CPU (static facts:
-    the device, ``positions is None`` and the built kernel); explicit times keep the other paths."""
+def test_auto_takes_the_native_kernel_for_the_default_times_and_a_fixed_omega_only(monkeypatch):
+    """With the default times every structure runs natively on the CPU (static facts: the device,
+    ``positions is None``, ω not learned, the built kernel); explicit times and a learned ω take the
+    chunked path."""
     calls = _Calls(monkeypatch)
     q, k, v, omega = _inputs(n=40)
     for structure in ("general", "separable", "tied"):
@@ -154,19 +131,16 @@ def test_auto_takes_the_native_kernel_for_the_default_times_only(monkeypatch):
     assert calls["qkv"] == (3, 0)
     positions = torch.arange(40, dtype=F64) * 0.5
     rt_attention(q, k, v, **_params("general"), omega=omega, positions=positions)
-    assert calls["qkv"] == (3, 0) and calls["lag"] == (0, 0)
-    # a learned ω: the fused entry leaves its gradient to the Python rotation around the lag entry
     rt_attention(q, k, v, **_params("general"), omega=omega.clone().requires_grad_())
-    assert calls["qkv"] == (3, 0) and calls["lag"] == (1, 0)
-    cpu = torch.device("cpu")
-    params = tuple(torch.ones(3) for _ in range(4))
-    assert rt._choose_path("auto", "general", cpu, 6, 40, params, True, default_times=True) == "blockwise"
-    assert rt._choose_path("auto", "general", cpu, 6, 40, params, True, default_times=False) == "dense"
+    assert calls.counts == {"qkv": [3, 0]}
+    with torch.no_grad():  # a learned ω without autograd (an evaluation): native again
+        rt_attention(q, k, v, **_params("general"), omega=omega.clone().requires_grad_())
+    assert calls["qkv"] == (4, 0)
 
 
 def test_native_path_compiles_as_one_graph():
-    """The native kernel sits inside the blockwise custom operator: ``fullgraph=True`` holds (the
-    kernel's availability is a constant of the process), and compiled == eager."""
+    """The native kernel is one custom operator: ``fullgraph=True`` holds (the dispatch reads static
+    facts; the kernel's availability is a constant of the process), and compiled == eager."""
     torch._dynamo.reset()
     q, k, v, omega = _inputs(n=40)
     params = {name: p.requires_grad_() for name, p in _params("general").items()}
@@ -184,8 +158,9 @@ def test_native_path_compiles_as_one_graph():
     torch._dynamo.reset()
 
 
-def test_a_failed_build_warns_once_and_leaves_the_python_kernel(monkeypatch, tmp_path):
-    """No compiler (or ninja, or BLAS symbols): one warning, None, and the kernels stay exact."""
+def test_a_failed_build_warns_once_and_leaves_the_chunked_path(monkeypatch, tmp_path):
+    """No compiler (or ninja, or BLAS symbols): one warning, None, and ``auto`` takes the chunked
+    path, exact."""
     import torch.utils.cpp_extension as cpp
 
     def broken(*args, **kwargs):
@@ -200,6 +175,7 @@ def test_a_failed_build_warns_once_and_leaves_the_python_kernel(monkeypatch, tmp
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
         assert native.cpu_kernels() is None
+    assert dispatch.choose(_call()).name == "chunked"
     out, _ = _run("auto", F64, "general", True)
     ref, _ = _run("reference", F64, "general", True)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
@@ -211,33 +187,12 @@ def test_the_environment_switches_it_off(monkeypatch):
     assert native.cpu_kernels() is None
 
 
-def test_token_major_inputs_are_read_in_place():
-    """A fused projection's (B, N, H, D) layout, viewed as (B, H, N, D), goes to the kernel without a
-    copy; values and gradients (contiguous outputs) equal those of contiguous inputs."""
-    kernel = native.cpu_kernels()
-    g = torch.Generator().manual_seed(3)
-    b, h, n, d = 2, 3, 70, 8
-    qkv = torch.randn(b, n, 3, h, d, generator=g, dtype=F64)
-    q, k, v = (x.transpose(1, 2) for x in qkv.unbind(2))  # strided views
-    grad_out = torch.randn(b, n, h, d, generator=g, dtype=F64).transpose(1, 2)
-    assert rt._rows(q, k, v, grad_out)[0].data_ptr() == q.data_ptr()  # no copy
-    lm2 = torch.randn(b, h, n, generator=g, dtype=F64)
-    table = torch.randn(h, 2 * n - 1, generator=g, dtype=F64)
-    beta = torch.rand(h, generator=g, dtype=F64) + 0.5
-    strided = kernel.rt_lag_forward(q, k, v, lm2, table, beta, True, 16, 32)
-    dense = kernel.rt_lag_forward(
-        q.contiguous(), k.contiguous(), v.contiguous(), lm2, table, beta, True, 16, 32
-    )
-    for a, e in zip(strided, dense):
-        torch.testing.assert_close(a, e, rtol=0, atol=0)
-    out, lse = dense
-    grads = kernel.rt_lag_backward(q, k, v, lm2, table, beta, out, lse, grad_out, True, 16, 32)
-    expected = kernel.rt_lag_backward(
-        *(x.contiguous() for x in (q, k, v)), lm2, table, beta, out, lse, grad_out.contiguous(), True, 16, 32
-    )
-    for a, e in zip(grads, expected):
-        assert a.is_contiguous()
-        torch.testing.assert_close(a, e, rtol=1e-14, atol=1e-14)
+def test_token_major_gradients_are_read_in_place():
+    """The output gradient of a layer that merges heads token-major is a strided (B, H, N, D) view:
+    it goes to the kernel without a copy."""
+    g = torch.randn(2, 70, 3, 8).transpose(1, 2)
+    assert native_cpu._rows(g)[0].data_ptr() == g.data_ptr()
+    assert native_cpu._rows(g.transpose(-1, -2))[0].data_ptr() != g.data_ptr()  # columns: copied
 
 
 @pytest.mark.parametrize(
@@ -262,7 +217,7 @@ def test_fused_entry_matches_reference(
     also with zero rows (the normalisation's clamp) among the queries, keys and values. Token-major:
     the output goes on as ``(B, N, H·D)``, as the layers merge the heads, so that ∂o reaches the
     backward as a strided ``(B, H, N, D)`` view, read where it lies."""
-    monkeypatch.setattr(rt, "NATIVE_BLOCKS", (16, 24))
+    monkeypatch.setattr(native_cpu, "BLOCKS", (16, 24))
     g = torch.Generator().manual_seed(7)
     b, n, h, d = 2, 90, 3, 8
     qkv = torch.randn(b, n, 3, h, d, generator=g, dtype=F64)
@@ -272,12 +227,12 @@ def test_fused_entry_matches_reference(
     omega = 0.3 * rope_frequencies(d, h).to(F64) if rotation else None
     weights = torch.randn(b, h, n, d, generator=g, dtype=F64)
     results = []
-    for backend in ("blockwise", "reference"):
+    for backend in ("native", "reference"):
         calls = _Calls(monkeypatch)
         params = {name: p.requires_grad_() for name, p in _params("general").items()}
         leaves = [qkv.clone().requires_grad_(), *params.values()]
         m = None if scales is None else scales.clone().requires_grad_()
-        out = rt.rt_attention_qkv(
+        out = rt_attention_qkv(
             leaves[0],
             metric=m,
             key_scale=key_scale,
@@ -291,7 +246,7 @@ def test_fused_entry_matches_reference(
         target = weights.transpose(1, 2).reshape(b, n, h * d) if token_major else weights
         grads = torch.autograd.grad((merged * target).sum(), leaves + ([m] if m is not None else []))
         results.append((out, grads))
-        assert calls["qkv"] == ((1, 1) if backend == "blockwise" else (0, 0))
+        assert calls["qkv"] == ((1, 1) if backend == "native" else (0, 0))
     (out, grads), (ref, ref_grads) = results
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     # a zero row's gradient is its unit's divided by the clamped norm 1e-12: rounding of order 1e-16
@@ -306,19 +261,19 @@ def test_fused_entry_matches_reference(
 
 
 def test_the_rotation_table_follows_omega():
-    """Eager calls reuse the (cos, sin) table of the default times while ω's values are unchanged: a
-    ω changed in place, or another ω, gets its own table (the result equals the reference each time),
-    and only the latest few tables are kept."""
+    """Eager calls reuse the (cos, sin) table of the default times for the same ω tensor: ω changed
+    in place (its version counter moves), or another ω, gets its own table (the result equals the
+    reference each time), and only the latest few tables are kept."""
     q, k, v, omega = _inputs(n=40)
-    params = _params("general")
+    p = _params("general")
     for _ in range(2):
-        out = rt_attention(q, k, v, **params, omega=omega)
-        ref = rt_attention(q, k, v, **params, omega=omega, backend="reference")
+        out = rt_attention(q, k, v, **p, omega=omega)
+        ref = rt_attention(q, k, v, **p, omega=omega, backend="reference")
         torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
         omega.mul_(1.7)  # in place: the same tensor, new values
-    for n in range(1, 3 * rt._TURNS_KEPT):
-        rt_attention(q[:, :, :n], k[:, :, :n], v[:, :, :n], **params, omega=omega)
-    assert len(rt._TURNS) <= rt._TURNS_KEPT
+    for n in range(1, 3 * params._TURNS_KEPT):
+        rt_attention(q[:, :, :n], k[:, :, :n], v[:, :, :n], **p, omega=omega)
+    assert len(params._TURNS) <= params._TURNS_KEPT
 
 
 @pytest.mark.parametrize("degenerate", ["generic", "parallel-channels", "zero-channel"])

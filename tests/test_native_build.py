@@ -21,7 +21,7 @@ import torch
 from geoattn import cli
 from geoattn.algebra.rotation import rope_frequencies
 from geoattn.attention import native
-from geoattn.attention.rt_kernel import rt_attention
+from geoattn.attention import rt_attention
 from geoattn.bench import common
 
 F64, F32 = torch.float64, torch.float32
@@ -298,12 +298,9 @@ def _inputs(dtype, n=37, d=16, seed=0):
     return tuple(x.to(dtype) for x in (q, k, v, omega)), {name: p.to(dtype) for name, p in params.items()}
 
 
-def _attend(dtype, backend, entry, causal, d):
+def _attend(dtype, backend, causal, d):
     (q, k, v, omega), params = _inputs(dtype, d=d)
     leaves = [x.requires_grad_() for x in (q, k, v, *params.values())]
-    if entry == "lag":  # a learned ω: the kernel on prepared q, k, v (rt_lag.h), the rotation in Python
-        omega.requires_grad_()
-        leaves.append(omega)
     out = rt_attention(q, k, v, **params, omega=omega, causal=causal, backend=backend)
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64).to(dtype)
     return out, torch.autograd.grad((out * weights).sum(), leaves)
@@ -311,12 +308,11 @@ def _attend(dtype, backend, entry, causal, d):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize(("dtype", "d"), [(F64, 16), (F32, 16), (F32, 8)], ids=["f64", "f32-d16", "f32-d8"])
-@pytest.mark.parametrize("entry", ["qkv", "lag"])
 @pytest.mark.parametrize("march", MARCHES)
-def test_each_build_matches_the_reference(march, entry, dtype, d, causal, monkeypatch):
-    """Both build variants (the AVX2 one with 8-lane vectors, native with this CPU's), both entry
-    points, float64 to rounding and float32 with wide key magnitudes to float32's tolerance: values
-    and every gradient (q, k, v, the four filter parameters, a learned ω) against the reference. D = 16
+def test_each_build_matches_the_reference(march, dtype, d, causal, monkeypatch):
+    """Both build variants (the AVX2 one with 8-lane vectors, native with this CPU's), through the
+    fused entry the native path calls, float64 to rounding and float32 with wide key magnitudes to float32's tolerance: values
+    and every gradient (q, k, v, the four filter parameters) against the reference. D = 16
     fills whole vectors on either width; D = 8 whole AVX2 vectors and single values on AVX-512."""
     monkeypatch.setattr(native, "_state", {"cpu": native.build(march).module})
     calls = []
@@ -328,12 +324,12 @@ def test_each_build_matches_the_reference(march, entry, dtype, d, causal, monkey
             return getattr(module, name)
 
     monkeypatch.setattr(native, "_state", {"cpu": Spy()})
-    out, grads = _attend(dtype, "auto", entry, causal, d)
-    assert f"rt_{entry}_forward" in calls and f"rt_{entry}_backward" in calls
-    ref, ref_grads = _attend(F64, "reference", entry, causal, d)
+    out, grads = _attend(dtype, "auto", causal, d)
+    assert "rt_qkv_forward" in calls and "rt_qkv_backward" in calls
+    ref, ref_grads = _attend(F64, "reference", causal, d)
     tol = dict(rtol=1e-10, atol=1e-10) if dtype == F64 else dict(rtol=0, atol=2e-4)
     torch.testing.assert_close(out.double(), ref, **tol)
-    names = ["q", "k", "v", "mu_r", "sigma_t2", "eta_t2", "beta", "omega"]
+    names = ["q", "k", "v", "mu_r", "sigma_t2", "eta_t2", "beta"]
     for name, g, g_ref in zip(names, grads, ref_grads):
         scale = 1.0 if dtype == F64 else max(1.0, g_ref.abs().max().item())
         torch.testing.assert_close(

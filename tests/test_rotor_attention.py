@@ -13,6 +13,7 @@ import torch
 from conftest import random_o3_versor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import geoattn.compile
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.attention import rotor_kernel as rotor_module
 from geoattn.attention.rotor_kernel import rotor_attention
@@ -219,7 +220,7 @@ def test_compiled_block_kernels_match_eager(monkeypatch):
     for head_type, aggregation in [("reflection", "sum"), ("rotation", "compose")]:
         results = []
         for min_pairs in (2**62, 1):  # eager, then compiled
-            monkeypatch.setattr(rotor_module, "COMPILE_MIN_PAIRS", min_pairs)
+            monkeypatch.setattr(geoattn.compile, "COMPILE_MIN_ELEMENTS", min_pairs)
             q, k, v = _conditioned_qkv(CL3, head_type, seed=2, B=1, N=6, grad=True)
             kw = dict(head_type=head_type, aggregation=aggregation, key_mask=mask, chunk_size=3)
             out = rotor_attention(q, k, v, algebra=CL3, **kw)

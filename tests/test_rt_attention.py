@@ -1,19 +1,24 @@
-"""`rt_attention` (SPEC §4.1): the formula by hand, every fast path against the reference (values and
-gradients), the magnitude precision, degenerate inputs, validation, and O(N) memory on the fast paths."""
+"""`rt_attention` (SPEC §4.1): the formula by hand, the chunked path against the reference (values and
+every gradient), the dispatch table (its rows, its reasons, the only chooser), the magnitude
+precision, degenerate inputs, validation, and O(N) memory. The native path: tests/test_native.py;
+FlexAttention: tests/test_rt_flex.py."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import math
-import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import geoattn.attention.blockwise as blockwise
-import geoattn.attention.rt_kernel as rt
+import geoattn
 from geoattn.algebra.rotation import rope_frequencies
-from geoattn.attention.rt_kernel import rt_attention, rt_attention_qkv
+from geoattn.attention import native
+from geoattn.attention.rt import chunked, dispatch, rt_attention, rt_attention_qkv
+from geoattn.attention.rt.params import FAR, Call
 
 F64 = torch.float64
 REGIMES = ("separable", "tied", "general")
@@ -91,17 +96,19 @@ def test_hand_built_case_matches_the_formula():
 
 
 class _PathSpy:
-    """Records which paths ``auto`` ran (the keys of ``rt._PATHS``)."""
+    """Records which rows of the dispatch table ran."""
 
     def __init__(self, monkeypatch):
         self.paths = []
-        for name, fn in list(rt._PATHS.items()):
+        rows = []
+        for path in dispatch.PATHS:
 
-            def spy(*args, _name=name, _fn=fn):
-                self.paths.append(_name)
-                return _fn(*args)
+            def spy(call, _path=path):
+                self.paths.append(_path.name)
+                return _path.run(call)
 
-            monkeypatch.setitem(rt._PATHS, name, spy)
+            rows.append(path._replace(run=spy))
+        monkeypatch.setattr(dispatch, "PATHS", tuple(rows))
 
 
 def _grads(out, inputs, seed=1):
@@ -110,127 +117,151 @@ def _grads(out, inputs, seed=1):
     return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
 
 
+def _call(qkv, *, params=None, omega=None, times=None, backend="auto", return_weights=False):
+    h = qkv.shape[3]
+    params = params or tuple(torch.ones(h, dtype=qkv.dtype) for _ in range(4))
+    return Call(qkv, None, 1.0, params, omega, times, True, True, backend, return_weights)
+
+
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize(
-    "regime", [*REGIMES, "tied-chunked", "tied-far", "general-blockwise", "separable-dense"]
-)
+@pytest.mark.parametrize("regime", REGIMES)
 @pytest.mark.parametrize(("dtype", "tol"), [(F64, 1e-10), (torch.float32, 2e-4)])
 def test_auto_matches_reference_values_and_gradients(regime, causal, dtype, tol, monkeypatch):
-    # Small tiles, so that several query blocks and key chunks run. The tied family runs on SDPA,
-    # in one query chunk while 2 μ_r (t_last − t_first) stays under its bound (here about
-    # 2 · 0.4 · 18 < 20), in chunk-relative time beyond it ("tied-chunked": the bound lowered to 2,
-    # chunks of a few tokens) and on the general kernel where that takes too many chunks
-    # ("tied-far": the same bound, chunks of at least _TIED_MIN_CHUNK tokens asked for).
-    monkeypatch.setattr(blockwise, "_MAX_BLOCK_K", 8)
-    monkeypatch.setattr(blockwise, "_TILE_ELEMENTS", 6 * 8 * 8)
-    monkeypatch.setattr(blockwise, "_MIN_BLOCK_Q", 8)
-    far, chunked = regime == "tied-far", regime == "tied-chunked"
-    regime = "tied" if far or chunked else regime
-    if far or chunked:
-        monkeypatch.setattr(rt, "_TIED_MAX_EXPONENT", 2.0)
-    if chunked:
-        monkeypatch.setattr(rt, "_TIED_MIN_CHUNK", 1)
-        chunks = rt._tied_chunks(_inputs(dtype=dtype)[4], 2 * _params("tied", dtype=dtype)["mu_r"])
-        assert chunks is not None and len(chunks) > 3, chunks  # several chunks do run
-    if regime == "general-blockwise":  # too long for the dense tile: the blockwise kernel
-        regime = "general"
-        monkeypatch.setattr(rt, "DENSE_MAX_N", 16)
-    elif regime in ("separable", "tied"):  # past the dense tile: their SDPA paths
-        monkeypatch.setattr(rt, "DENSE_MAX_N", 16)
-    elif regime == "separable-dense":  # short: the dense tile, whatever the structure
-        regime = "separable"
+    """Irregular times on the CPU: ``auto`` takes the chunked path (small chunks, so that several
+    run); every parameter is differentiated, whatever the structure declared."""
+    monkeypatch.setattr(chunked, "CHUNK", 8)
     q, k, v, omega, positions = _inputs(dtype=dtype)
-    params = _params(regime, dtype=dtype)
-    # The SDPA paths are exact on their parameter manifold only, so there only what stays on it
-    # is differentiated: σ_t² = 0 keeps μ_r, η_t², β free; the tied family fixes all three process
-    # parameters. The general path differentiates all four.
-    trainable = {"separable": ("mu_r", "eta_t2", "beta"), "tied": ("beta",), "general": tuple(params)}[regime]
-    for name in trainable:
-        params[name].requires_grad_()
-    leaves = [q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *(params[n] for n in trainable)]
+    params = {name: p.requires_grad_() for name, p in _params(regime, dtype=dtype).items()}
+    leaves = [q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params.values()]
     kwargs = dict(**params, omega=omega, positions=positions, causal=causal)
-
     spy = _PathSpy(monkeypatch)
-    structure = "general" if regime == "tied" and not causal else regime  # tied needs causal
-    out = rt_attention(q, k, v, backend="auto", structure=structure, **kwargs)
-    expected = {"separable": ["separable"], "tied": ["tied"], "general": ["blockwise"]}[structure]
-    if structure == "tied" and far:
-        expected = ["tied", "blockwise"]
-    if q.shape[2] <= rt.DENSE_MAX_N:
-        expected = ["dense"]
-    assert spy.paths == expected
+    out = rt_attention(q, k, v, backend="auto", structure=regime, **kwargs)
+    assert spy.paths == ["chunked"]
     ref = rt_attention(q, k, v, backend="reference", **kwargs)
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
-    for name, g, g_ref in zip(("q", "k", "v", *trainable), _grads(out, leaves), _grads(ref, leaves)):
+    for name, g, g_ref in zip(("q", "k", "v", *params), _grads(out, leaves), _grads(ref, leaves)):
         torch.testing.assert_close(g, g_ref, rtol=tol, atol=tol, msg=f"gradient of {name}")
 
 
-@pytest.mark.parametrize("backend", ["dense", "blockwise"])
-@pytest.mark.parametrize("regime", REGIMES)
-def test_general_paths_are_exact_for_every_regime(backend, regime):
-    """The general paths make no assumption on the parameters: exact in every regime, μ_r = 0 included."""
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("times", ["default", "irregular"])
+def test_chunked_path_matches_reference(causal, times, monkeypatch):
+    """The chunked row against the reference, float64, values and every gradient: q, k, v (stacked),
+    the metric, a learned ω and the four per-head parameters, raw values and a key scale, the
+    default times and irregular ones, several chunks."""
+    monkeypatch.setattr(chunked, "CHUNK", 7)
     q, k, v, omega, positions = _inputs(n=19)
-    params = {name: p.requires_grad_() for name, p in _params(regime).items()}
-    leaves = [q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params.values()]
-    kwargs = dict(**params, omega=omega, positions=positions)
-    out = rt_attention(q, k, v, backend=backend, **kwargs)
-    ref = rt_attention(q, k, v, backend="reference", **kwargs)
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
-    for g, g_ref in zip(_grads(out, leaves), _grads(ref, leaves)):
-        torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10)
-
-
-def test_declared_structure_with_trainable_process_parameters_falls_back_exactly(monkeypatch):
-    """On the tied or separable manifold, gradients off it (∂/∂σ_t² etc.) need the general path."""
-    q, k, v, omega, positions = _inputs(n=17)
-    for structure in ("tied", "separable"):
-        params = {name: p.requires_grad_() for name, p in _params(structure).items()}
-        spy = _PathSpy(monkeypatch)
-        out = rt_attention(q, k, v, **params, omega=omega, positions=positions, structure=structure)
-        assert spy.paths == ["dense"]
-        ref = rt_attention(q, k, v, **params, omega=omega, positions=positions, backend="reference")
-        for g, g_ref in zip(_grads(out, list(params.values())), _grads(ref, list(params.values()))):
+    qkv = torch.stack([x.transpose(1, 2) for x in (q, k, v)], dim=2).requires_grad_()
+    params = {name: p.requires_grad_() for name, p in _params("general").items()}
+    metric = (0.5 + torch.rand(q.shape[1], q.shape[-1], dtype=F64)).requires_grad_()
+    omega = omega.clone().requires_grad_()
+    leaves = [qkv, metric, omega, *params.values()]
+    for normalize, key_scale in ((True, 1.0), (False, 0.7), (True, None)):
+        kwargs = dict(**params, omega=omega, positions=None if times == "default" else positions)
+        kwargs.update(causal=causal, metric=metric, key_scale=key_scale, normalize_values=normalize)
+        out = rt_attention_qkv(qkv, backend="chunked", **kwargs)
+        ref = rt_attention_qkv(qkv, backend="reference", **kwargs)
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+        for g, g_ref in zip(_grads(out, leaves), _grads(ref, leaves)):
             torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10)
 
 
-def test_path_choice_reads_no_values(monkeypatch):
-    """``auto`` decides from the declared structure, gradient needs and shapes: parameters on the
-    separable manifold take the general path unless declared, and the forward and backward of every
-    statically chosen path run without one host read (``aten._local_scalar_dense``) once the
-    documented eager value checks are set aside."""
-    monkeypatch.setattr(rt, "_validate_values", lambda *args: None)
-    q, k, v, omega, positions = _inputs(n=21)
+def test_every_row_names_a_test_that_exists():
+    """Each row of the dispatch table names the test that holds it to the reference."""
+    assert [p.name for p in dispatch.PATHS] == ["reference", "native", "flex", "chunked"]
+    root = Path(__file__).parent.parent
+    for path in dispatch.PATHS:
+        file, name = path.test.split("::")
+        assert (root / file).exists(), path
+        module = importlib.import_module(Path(file).stem)
+        assert callable(getattr(module, name, None)), path
+
+
+def test_the_dispatch_table_is_the_only_chooser(monkeypatch):
+    """No module but `dispatch` imports a path module (so no other code can run one), and every call
+    of `rt_attention` runs exactly the row `dispatch.choose` returns."""
+    paths = {f"geoattn.attention.rt.{m}" for m in ("reference", "native_cpu", "flex", "chunked")}
+    package = Path(geoattn.__file__).parent
+    importers = set()
+    for file in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                names = {a.name for a in node.names}
+            else:
+                continue
+            if names & paths:
+                importers.add(file.relative_to(package).as_posix())
+    assert importers == {"attention/rt/dispatch.py"}
+    chosen = []
+    choose = dispatch.choose
+    monkeypatch.setattr(dispatch, "choose", lambda call: chosen.append(choose(call).name) or choose(call))
     spy = _PathSpy(monkeypatch)
-    for structure, dense_max_n, path in (
-        ("general", 512, "dense"),
-        ("general", 8, "blockwise"),
-        ("separable", 512, "dense"),
-        ("separable", 8, "separable"),
-    ):
-        monkeypatch.setattr(rt, "DENSE_MAX_N", dense_max_n)
-        params = _params("separable")  # σ_t² = 0 whatever the structure: values do not choose
-        params["beta"].requires_grad_()
-        x = [t.clone().requires_grad_() for t in (q, k, v)]
-        with _HostReads() as reads:
-            out = rt_attention(*x, **params, omega=omega, positions=positions, structure=structure)
-            out.sum().backward()
-        assert spy.paths[-1] == path and reads.count == 0, (structure, path, reads.count)
+    q, k, v, omega, positions = _inputs(n=9)
+    params = _params("general")
+    rt_attention(q, k, v, **params, omega=omega)
+    rt_attention(q, k, v, **params, omega=omega, positions=positions)
+    rt_attention(q, k, v, **params, return_weights=True)
+    rt_attention(q, k, v, **params, backend="chunked")
+    assert spy.paths == chosen and len(chosen) == 4
 
 
-class _HostReads(TorchDispatchMode):
-    """Counts ATen calls that copy a tensor's value to the host (``.item()``, ``bool(tensor)``)."""
+def test_the_rows_accept_and_decline_with_their_reasons(monkeypatch):
+    """What ``auto`` picks for each kind of call, from static facts only, and each row's reason."""
+    qkv = torch.randn(2, 16, 3, 2, 8)
+    times = torch.arange(16.0)
+    omega = torch.ones(2, 4)
+    names = [name for name, _ in dispatch.explain(_call(qkv))]
+    assert names == ["reference", "native", "flex", "chunked"]
+    reasons = dict(dispatch.explain(_call(qkv, times=times)))
+    assert "materialises" in reasons["reference"] and reasons["chunked"] is None
+    assert "explicit positions" in reasons["native"] and "CUDA" in reasons["flex"]
+    assert dispatch.choose(_call(qkv, times=times)).name == "chunked"
+    assert dispatch.choose(_call(qkv, return_weights=True)).name == "reference"
+    assert dispatch.choose(_call(qkv, backend="reference")).name == "reference"
+    assert "float32 or float64" in dispatch.explain(_call(qkv.half()))[1][1]
+    with torch.enable_grad():
+        learned = dict(dispatch.explain(_call(qkv, omega=omega.requires_grad_())))
+    assert "omega requires a gradient" in learned["native"]
+    with torch.no_grad():  # an evaluation with a learned ω: no gradient asked for
+        assert dict(dispatch.explain(_call(qkv, omega=omega)))["native"] in (None, _NOT_BUILT)
+    expected = "native" if native.available() else "chunked"
+    assert dispatch.choose(_call(qkv)).name == expected
+    monkeypatch.setattr(native, "available", lambda: False)
+    assert dict(dispatch.explain(_call(qkv)))["native"] == _NOT_BUILT
+    assert dispatch.choose(_call(qkv)).name == "chunked"
+    with pytest.raises(ValueError, match="backend='native' cannot run this call: explicit positions"):
+        dispatch.choose(_call(qkv, times=times, backend="native"))
+    with pytest.raises(ValueError, match="backend='flex' cannot run this call: the CUDA path"):
+        dispatch.choose(_call(qkv, backend="flex"))
 
-    def __init__(self):
-        super().__init__()
-        self.count = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
+_NOT_BUILT = "the native module is not built (no C++ toolchain, or GEOATTN_NATIVE=0)"
 
 
-def test_declared_structure_is_checked_in_eager_mode():
+def test_backend_names_are_the_rows_and_auto():
+    q, k, v, _, _ = _inputs(n=5)
+    for old in ("dense", "blockwise", "separable", "tied", "fast"):
+        with pytest.raises(
+            ValueError, match=r"one of \('auto', 'reference', 'native', 'flex', 'chunked'\)"
+        ):
+            rt_attention(q, k, v, **_params("general"), backend=old)
+
+
+def test_value_checks_run_only_under_the_debug_switch(monkeypatch):
+    """Reading the parameters' values synchronises a GPU: the checks run with GEOATTN_DEBUG=1 only."""
+    q, k, v, omega, positions = _inputs(n=9)
+    bad = {**_params("general"), "mu_r": torch.tensor([0.1, -0.1, 0.2], dtype=F64)}
+    monkeypatch.delenv("GEOATTN_DEBUG", raising=False)
+    rt_attention(q, k, v, **bad, backend="reference")  # not read
+    monkeypatch.setenv("GEOATTN_DEBUG", "1")
+    with pytest.raises(ValueError, match="mu_r must be ≥ 0"):
+        rt_attention(q, k, v, **bad)
+
+
+def test_declared_structure_is_checked_under_the_debug_switch(monkeypatch):
+    monkeypatch.setenv("GEOATTN_DEBUG", "1")
     q, k, v, omega, positions = _inputs(n=9)
     with pytest.raises(ValueError, match="structure='separable' needs sigma_t2 = 0"):
         rt_attention(q, k, v, **_params("general"), structure="separable")
@@ -242,20 +273,63 @@ def test_declared_structure_is_checked_in_eager_mode():
         rt_attention(q, k, v, **_params("tied"), structure="diagonal")
 
 
-def test_flex_score_mod_matches_reference(monkeypatch):
-    """The FlexAttention path's ``score_mod`` (fused on GPUs), run unfused on CPU, forward only:
-    FlexAttention has no CPU backward."""
-    monkeypatch.setattr(rt, "_compiled_flex", lambda flex: flex)
-    q, k, v, omega, positions = _inputs(b=2, h=2, n=19)
-    params = _params("general", h=2)
-    for causal in (True, False):
-        kwargs = dict(**params, omega=omega, positions=positions, causal=causal)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "called without torch.compile()"
-            out = rt_attention(q, k, v, backend="flex", **kwargs)
-        torch.testing.assert_close(
-            out, rt_attention(q, k, v, backend="reference", **kwargs), rtol=0, atol=1e-12
-        )
+class _SyncOps(TorchDispatchMode):
+    """Records the ATen calls that copy a tensor's value to the host or wait for it (what
+    `torch.cuda.set_sync_debug_mode` reports on a GPU): ``.item()``/``bool()`` (``_local_scalar_dense``),
+    ``torch.equal``, and the ops whose output size depends on values."""
+
+    SYNCING = {
+        torch.ops.aten._local_scalar_dense.default,
+        torch.ops.aten.equal.default,
+        torch.ops.aten.nonzero.default,
+        torch.ops.aten.masked_select.default,
+        torch.ops.aten._unique2.default,
+    }
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.SYNCING:
+            self.calls.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("times", ["default", "irregular"])
+def test_a_training_step_reads_no_values(times):
+    """Forward and backward of the CPU paths ``auto`` takes in training (native with the default
+    times where built, chunked with irregular times), as the layers call them (stacked projections,
+    a metric, every parameter learned), with a fixed ω as a buffer, called twice (the second call
+    reuses the rotation table): no ATen call that would synchronise a GPU. The same wrappers run
+    around FlexAttention on CUDA (tests/test_rt_flex.py checks its own call)."""
+    q, k, v, omega, positions = _inputs(n=21, dtype=torch.float32)
+    qkv = torch.stack([x.transpose(1, 2) for x in (q, k, v)], dim=2).requires_grad_()
+    params = {name: p.requires_grad_() for name, p in _params("general", dtype=torch.float32).items()}
+    metric = torch.ones(q.shape[1], q.shape[-1], requires_grad=True)
+    kwargs = dict(**params, omega=omega, metric=metric, positions=None if times == "default" else positions)
+    for _ in range(2):
+        with _SyncOps() as sync:
+            out = rt_attention_qkv(qkv, **kwargs)
+            out.square().sum().backward()
+        assert sync.calls == []
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+def test_the_chunked_path_never_materialises_n_by_n(regime, monkeypatch):
+    monkeypatch.setattr(chunked, "CHUNK", 16)
+    n = 128
+    q, k, v, omega, positions = _inputs(b=1, h=2, n=n, d=8)
+    params = _params(regime, h=2)
+    for backend, bound in (("chunked", n * 16), ("reference", None)):
+        x = [t.clone().requires_grad_() for t in (q, k, v)]
+        with _LargestTile() as spy:
+            out = rt_attention(*x, **params, omega=omega, positions=positions, backend=backend)
+            out.sum().backward()
+        if bound is None:
+            assert spy.largest >= n * n  # the spy sees the reference's N×N logits
+        else:
+            assert spy.largest <= bound, f"{regime}: a {spy.largest}-element tile"
 
 
 def test_positions_default_and_broadcast():
@@ -336,58 +410,6 @@ class _LargestTile(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("regime", REGIMES)
-def test_auto_never_materialises_n_by_n_beyond_the_dense_tile(regime, monkeypatch):
-    monkeypatch.setattr(blockwise, "_MAX_BLOCK_K", 16)
-    monkeypatch.setattr(blockwise, "_TILE_ELEMENTS", 1 * 2 * 16 * 16)
-    monkeypatch.setattr(blockwise, "_MIN_BLOCK_Q", 16)
-    monkeypatch.setattr(rt, "DENSE_MAX_N", 64)
-    n = 128
-    q, k, v, omega, positions = _inputs(b=1, h=2, n=n, d=8)
-    params = _params(regime, h=2)
-    for backend, bound in (("auto", n * 16), ("reference", None)):
-        x = [t.clone().requires_grad_() for t in (q, k, v)]
-        with _LargestTile() as spy:
-            out = rt_attention(
-                *x, **params, omega=omega, positions=positions, backend=backend, structure=regime
-            )
-            out.sum().backward()
-        if bound is None:
-            assert spy.largest >= n * n  # the spy sees the reference's N×N logits
-        else:
-            assert spy.largest <= bound, f"{regime}: a {spy.largest}-element tile"
-
-
-def test_dense_tile_only_within_its_bounds():
-    """The dense path holds (B, H, N, N) tensors: only for N ≤ DENSE_MAX_N and B·H·N² ≤ DENSE_MAX_ELEMENTS."""
-    params = tuple(torch.ones(4) for _ in range(4))
-    cpu = torch.device("cpu")
-    choose = rt._choose_path
-    assert choose("auto", "general", cpu, 48, 64, params, True) == "dense"
-    assert choose("auto", "general", cpu, 48, rt.DENSE_MAX_N, params, True) == "dense"
-    assert choose("auto", "general", cpu, 48, rt.DENSE_MAX_N + 1, params, True) == "blockwise"
-    too_many = rt.DENSE_MAX_ELEMENTS // 64**2 + 1
-    assert choose("auto", "general", cpu, too_many, 64, params, True) == "blockwise"
-    assert choose("auto", "separable", cpu, 48, 64, params, True) == "dense"  # any structure
-    assert choose("auto", "separable", cpu, 48, rt.DENSE_MAX_N + 1, params, True) == "separable"
-
-
-def test_blockwise_saves_only_linear_statistics():
-    q, k, v, omega, positions = _inputs(b=1, h=2, n=64)
-    params = {name: p.requires_grad_() for name, p in _params("general", h=2).items()}
-    saved = []
-
-    def pack(t):
-        saved.append(t.numel())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        rt_attention(
-            q.requires_grad_(), k, v, **params, omega=omega, positions=positions, backend="blockwise"
-        )
-    assert max(saved) == 3 * q.numel()  # the stacked q, k, v (3, B, H, N, D) at most, no (N, N)
-
-
 H, N, D = 2, 5, 4
 GOOD = dict(mu_r=torch.zeros(H), sigma_t2=torch.zeros(H), eta_t2=torch.ones(H), beta=torch.ones(H))
 
@@ -410,42 +432,12 @@ GOOD = dict(mu_r=torch.zeros(H), sigma_t2=torch.zeros(H), eta_t2=torch.ones(H), 
         (dict(backend="fast"), "backend must be one of"),
     ],
 )
-def test_bad_inputs_raise(change, match):
+def test_bad_inputs_raise(change, match, monkeypatch):
+    monkeypatch.setenv("GEOATTN_DEBUG", "1")  # the value checks too
     args = dict(q=torch.zeros(1, H, N, D), k=torch.zeros(1, H, N, D), v=torch.zeros(1, H, N, D), **GOOD)
     args.update(change)
     with pytest.raises(ValueError, match=match):
         rt_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
-
-
-def test_compiled_kernels_match_reference(monkeypatch):
-    """Large problems run the blockwise tiles and the dense path's elementwise work through
-    `torch.compile` (the blockwise ones inside its custom operator)."""
-    monkeypatch.setattr(rt, "COMPILE_MIN_PAIRS", 0)
-    monkeypatch.setattr(blockwise, "_MAX_BLOCK_K", 8)
-    monkeypatch.setattr(blockwise, "_TILE_ELEMENTS", 2 * 3 * 8 * 8)
-    monkeypatch.setattr(blockwise, "_MIN_BLOCK_Q", 8)
-    q, k, v, omega, positions = _inputs(n=21, dtype=torch.float32)
-    params = {name: p.requires_grad_() for name, p in _params("general", dtype=torch.float32).items()}
-    leaves = [q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params.values()]
-    kwargs = dict(**params, omega=omega, positions=positions)
-    for backend in ("blockwise", "dense"):
-        out = rt_attention(q, k, v, backend=backend, **kwargs)
-        ref = rt_attention(q, k, v, backend="reference", **kwargs)
-        torch.testing.assert_close(out, ref, rtol=2e-4, atol=2e-4)
-        for g, g_ref in zip(_grads(out, leaves), _grads(ref, leaves)):
-            torch.testing.assert_close(g, g_ref, rtol=2e-4, atol=2e-4)
-    # the normalisation, compiled too: with a metric (its gradient) and raw values
-    metric = (0.5 + torch.rand(q.shape[1], q.shape[-1])).requires_grad_()
-    qkv = torch.stack([x.detach().transpose(1, 2) for x in (q, k, v)], dim=2).requires_grad_()
-    kwargs = dict(**params, omega=omega, positions=positions, metric=metric, key_scale=0.7)
-    out = rt_attention_qkv(qkv, backend="dense", normalize_values=False, **kwargs)
-    ref = rt_attention_qkv(qkv, backend="reference", normalize_values=False, **kwargs)
-    torch.testing.assert_close(out, ref, rtol=2e-4, atol=2e-4)
-    for g, g_ref in zip(_grads(out, [qkv, metric]), _grads(ref, [qkv, metric])):
-        torch.testing.assert_close(g, g_ref, rtol=2e-4, atol=2e-4)
-    assert not blockwise.MaybeCompiled.broken
-    compiled = (blockwise._FORWARD, rt._RT_TILE_BACKWARD, rt._DENSE_FORWARD, rt._DENSE_BACKWARD)
-    assert all(f.compiled is not None for f in (*compiled, rt._UNIT_FORWARD, rt._UNIT_BACKWARD))
 
 
 def test_bench_attention_entry_point(capsys):
@@ -512,8 +504,8 @@ def test_bench_attention_compiles_every_fast_kernel_when_asked(capsys, monkeypat
 
 def test_far_lags_stay_finite_and_exact():
     """A fast-decaying head over a long sequence: ``c(Δt)`` grows past e^{80} (float32 overflows near
-    e^{88}). The fast paths take log c in log space there: in float64 they still equal the reference,
-    and in float32 values and gradients stay finite and agree with the float64 result."""
+    e^{88}). Every path takes log c in log space there (`log_noise_variance`): in float64 they equal the
+    reference, and in float32 values and gradients stay finite and agree with the float64 result."""
     n = 160
     q, k, v, omega, _ = _inputs(b=1, h=2, n=n, d=8, irregular=False)
     params = dict(
@@ -522,14 +514,12 @@ def test_far_lags_stay_finite_and_exact():
         eta_t2=torch.tensor([1.0, 0.5], dtype=F64),
         beta=torch.tensor([1.0, 2.0], dtype=F64),
     )
-    assert float(2 * params["mu_r"].max() * (n - 1)) > 2 * rt._FAR
+    assert float(2 * params["mu_r"].max() * (n - 1)) > 2 * FAR
     grads = {}
     for dtype in (F64, torch.float32):
         x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
         p = {name: t.to(dtype).requires_grad_() for name, t in params.items()}
-        for backend in ("dense", "blockwise", "reference"):
-            if dtype == torch.float32 and backend == "reference":
-                continue  # the plain formula overflows in float32: what the fast paths avoid
+        for backend in ("auto", "chunked", "reference"):
             for positions in (None, torch.arange(n, dtype=dtype)):  # lag tables, and explicit times
                 out = rt_attention(*x, **p, omega=omega.to(dtype), positions=positions, backend=backend)
                 weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
@@ -544,58 +534,3 @@ def test_far_lags_stay_finite_and_exact():
         tol = 1e-10 if dtype == F64 else 5e-4
         for got, want in zip(values, grads[F64, "reference", True]):
             torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol, msg=str(key))
-
-
-def test_compile_failure_falls_back_to_eager(monkeypatch):
-    def broken_compile(fn, **kwargs):
-        def run(*args):
-            raise RuntimeError("no C++ compiler")
-
-        return run
-
-    monkeypatch.setattr(torch, "compile", broken_compile)
-    monkeypatch.setattr(blockwise.MaybeCompiled, "broken", False)
-    fn = blockwise.MaybeCompiled(lambda x: x + 1)
-    with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
-        assert fn(True, 1) == 2
-    assert blockwise.MaybeCompiled.broken and fn(True, 2) == 3  # stays eager, no second warning
-
-
-def test_auto_falls_back_to_blockwise_when_flex_fails(monkeypatch):
-    """``auto`` picks FlexAttention on CUDA; if it cannot run, the blockwise kernel answers."""
-    monkeypatch.setattr(rt, "_choose_path", lambda *args, **kwargs: "flex")
-    monkeypatch.setattr(rt, "_compiled_flex", lambda flex: flex)
-    q, k, v, omega, positions = _inputs(n=9)
-    params = {name: p.requires_grad_() for name, p in _params("general").items()}
-    kwargs = dict(**params, omega=omega, positions=positions)
-    with pytest.warns(UserWarning, match="FlexAttention failed"):  # no FlexAttention backward on CPU
-        out = rt_attention(q.requires_grad_(), k, v, **kwargs)
-    torch.testing.assert_close(out, rt_attention(q, k, v, backend="reference", **kwargs), rtol=0, atol=1e-12)
-    with pytest.raises(NotImplementedError):  # asked for by name, its errors are the caller's
-        rt_attention(q, k, v, backend="flex", **kwargs)
-
-
-def test_an_evaluation_on_the_dense_path_stays_eager(monkeypatch):
-    """Large problems compile their elementwise work, except the dense path without autograd: a
-    one-off evaluation on a whole validation pool would pay seconds of compilation for milliseconds
-    of work. The rule reads only static facts (the path, the size, whether autograd records)."""
-    large, small = rt.COMPILE_MIN_PAIRS, rt.COMPILE_MIN_PAIRS - 1
-    assert rt._worth_compiling("dense", large) and rt._worth_compiling("blockwise", large)
-    assert not rt._worth_compiling("dense", small) and not rt._worth_compiling("blockwise", small)
-    with torch.no_grad():
-        assert not rt._worth_compiling("dense", large)
-        assert rt._worth_compiling("blockwise", large)
-    # the dense call itself: its compiled pieces (stand-ins that count calls) run only under autograd
-    calls = []
-    for piece in (rt._DENSE_FORWARD, rt._UNIT_FORWARD):
-        monkeypatch.setattr(piece, "compiled", lambda *args, fn=piece.fn: calls.append(fn) or fn(*args))
-    monkeypatch.setattr(rt, "COMPILE_MIN_PAIRS", 0)
-    q, k, v, omega, positions = _inputs(n=21, dtype=torch.float32)
-    kwargs = dict(**_params("general", dtype=torch.float32), omega=omega, positions=positions)
-    ref = rt_attention(q, k, v, backend="reference", **kwargs)
-    with torch.no_grad():
-        out = rt_attention(q, k, v, backend="dense", **kwargs)
-    assert not calls
-    torch.testing.assert_close(out, ref, rtol=2e-4, atol=2e-4)
-    rt_attention(q.requires_grad_(), k, v, backend="dense", **kwargs)
-    assert rt._DENSE_FORWARD.fn in calls and rt._UNIT_FORWARD.fn in calls

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-import geoattn.attention.rt_kernel as rt
 from geoattn.algebra.rotation import rope_frequencies, rotate_pairs
-from geoattn.attention.rt_kernel import rt_attention
+from geoattn.attention import native
+from geoattn.attention.rt import chunked, rt_attention
 from geoattn.layers.rt_block import RTBlock
 from geoattn.models.lm import LMConfig, build_lm
 from geoattn.training.compiling import CompiledModel, weight_normalizer
@@ -38,59 +38,28 @@ def _kernel_inputs(n=24, h=2, d=8, dtype=F64):
     return (q, k, v), params, rope_frequencies(d, h).to(dtype)
 
 
-@pytest.mark.parametrize(
-    ("structure", "dense_max_n"),
-    [("general", 512), ("general", 8), ("separable", 8)],
-    ids=["dense", "blockwise", "separable"],
-)
-def test_rt_attention_compiles_as_one_graph(structure, dense_max_n, monkeypatch):
-    """Every statically chosen path traces whole (the blockwise kernel as one custom operator), and
-    the compiled graph's values and gradients are the eager ones. (The native kernel, which the
-    default times would take on the CPU, is switched off here; `tests/test_native.py` compiles it.)"""
-    monkeypatch.setattr(rt, "DENSE_MAX_N", dense_max_n)
-    monkeypatch.setattr(rt.native, "available", lambda: False)
-    monkeypatch.setattr(rt, "_native_kernel", lambda qh, params: None)
+@pytest.mark.parametrize("times", ["default", "irregular"])
+def test_rt_attention_compiles_as_one_graph(times, monkeypatch):
+    """The chunked path traces whole (the dispatch reads static facts only), and the compiled graph's
+    values and gradients are the eager ones. (The native kernel, which the default times would take
+    on the CPU, is switched off here; `tests/test_native.py` compiles it.)"""
+    monkeypatch.setattr(native, "available", lambda: False)
+    monkeypatch.setattr(chunked, "CHUNK", 10)
     qkv, params, omega = _kernel_inputs()
-    if structure == "separable":
-        params["sigma_t2"] = torch.zeros_like(params["sigma_t2"])
-    params = {
-        name: p.requires_grad_(name != "sigma_t2" or structure == "general") for name, p in params.items()
-    }
+    params = {name: p.requires_grad_() for name, p in params.items()}
+    positions = None if times == "default" else torch.cumsum(torch.rand(24, dtype=F64) + 0.1, 0)
 
     def attend(q, k, v):
-        return rt_attention(q, k, v, **params, omega=omega, structure=structure)
+        return rt_attention(q, k, v, **params, omega=omega, positions=positions)
 
     compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
     leaves = [x.clone().requires_grad_() for x in qkv]
     out, out_c = attend(*leaves), compiled(*leaves)
     torch.testing.assert_close(out_c, out, rtol=1e-12, atol=1e-12)
     weights = torch.randn_like(out)
-    trainable = [*leaves, *(p for p in params.values() if p.requires_grad)]
+    trainable = [*leaves, *params.values()]
     grads = torch.autograd.grad((out * weights).sum(), trainable)
     grads_c = torch.autograd.grad((out_c * weights).sum(), trainable)
-    for g, g_c in zip(grads, grads_c):
-        torch.testing.assert_close(g_c, g, rtol=1e-12, atol=1e-12)
-
-
-def test_the_tied_path_compiles_around_its_chunking(monkeypatch):
-    """The tied path reads μ_r and the times to choose its query chunks: under torch.compile that
-    step runs outside the graph (a deliberate break), and the chunked result is the eager one."""
-    monkeypatch.setattr(rt, "DENSE_MAX_N", 8)
-    monkeypatch.setattr(rt, "_TIED_MAX_EXPONENT", 2.0)
-    monkeypatch.setattr(rt, "_TIED_MIN_CHUNK", 1)
-    qkv, params, omega = _kernel_inputs()
-    params["sigma_t2"] = 2 * params["mu_r"] * params["eta_t2"]
-    assert len(rt._tied_chunks(torch.arange(24.0)[None], 2 * params["mu_r"])) > 2
-
-    def attend(q, k, v):
-        return rt_attention(q, k, v, **params, omega=omega, structure="tied")
-
-    leaves = [x.clone().requires_grad_() for x in qkv]
-    out, out_c = attend(*leaves), torch.compile(attend, backend="aot_eager")(*leaves)
-    torch.testing.assert_close(out_c, out, rtol=1e-12, atol=1e-12)
-    weights = torch.randn_like(out)
-    grads = torch.autograd.grad((out * weights).sum(), leaves)
-    grads_c = torch.autograd.grad((out_c * weights).sum(), leaves)
     for g, g_c in zip(grads, grads_c):
         torch.testing.assert_close(g_c, g, rtol=1e-12, atol=1e-12)
 
@@ -182,26 +151,20 @@ def test_the_compiled_weight_normalizer_is_the_eager_one(model):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_custom_operators_agree_with_their_fake_implementations(causal):
-    """`torch.library.opcheck`: the shapes, strides and autograd registration that compiled graphs
-    rely on are those the kernels produce (a mismatch fails only under inductor, at run time)."""
+    """`torch.library.opcheck` on the native path's operator: the shapes, strides and autograd
+    registration that compiled graphs rely on are those the kernel produces (a mismatch fails only
+    under inductor, at run time)."""
+    if not native.available():
+        pytest.skip("no C++ toolchain here: the native kernel cannot be built")
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 5, 6, generator=g, requires_grad=True) for _ in range(3))
-    torch.library.opcheck(torch.ops.geoattn.softmax_attention.default, (q, k, v, causal, False))
-    h, n = 2, 9
-    qh, kh, vh = (
-        F.normalize(torch.randn(1, h, n, 4, generator=g), dim=-1).requires_grad_() for _ in range(3)
-    )
-    log_m2 = torch.randn(1, h, n, generator=g, requires_grad=True)
-    times = torch.cumsum(torch.rand(1, n, generator=g), -1)
-    for params in (
-        [torch.rand(h, generator=g).requires_grad_() for _ in range(4)],
-        [
-            torch.randn(h, 2 * n - 1, generator=g).requires_grad_(),
-            torch.rand(h, generator=g).requires_grad_(),
-        ],
-    ):
-        args = (qh, kh, vh, log_m2, times, params, True, False)
-        torch.library.opcheck(torch.ops.geoattn.rt_blockwise.default, args)
+    h, n, d = 2, 9, 4
+    qkv = torch.randn(2, n, 3, h, d, generator=g, dtype=F64, requires_grad=True)
+    metric = (0.5 + torch.rand(h, d, generator=g, dtype=F64)).requires_grad_()
+    turns = torch.randn(h, n, d // 2, 2, generator=g, dtype=F64)
+    params = [(0.1 + torch.rand(h, generator=g, dtype=F64)).requires_grad_() for _ in range(4)]
+    for m, t in ((metric, turns), (None, None)):
+        args = (qkv, m, t, params, 1.3, True, causal)
+        torch.library.opcheck(torch.ops.geoattn.rt_qkv.default, args)
 
 
 def test_the_default_compiles_only_winning_models_in_long_runs():

@@ -14,7 +14,7 @@ import torch
 
 from geoattn.algebra.rotation import rotate_pairs
 from geoattn.attention.rfa_kernel import rfa_attention
-from geoattn.attention.rt_kernel import rt_attention
+from geoattn.attention.rt import rt_attention
 from geoattn.layers.robust_filter import RFAAttention
 from geoattn.layers.rt_block import RTAttention, RTBlock
 from geoattn.layers.sphere import sphere_step, sphere_update, tangent_part

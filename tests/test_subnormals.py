@@ -7,9 +7,10 @@ import sys
 import pytest
 import torch
 
-import geoattn.attention.rt_kernel as rt_kernel
 import geoattn.subnormals as subnormals
 from geoattn.attention import rt_attention
+from geoattn.attention.rt import dispatch
+from geoattn.attention.rt.params import Call
 
 # Multiplies a large tensor of subnormal numbers by one on every worker thread: the result is all
 # zeros only if each thread flushes (a thread that keeps them returns the inputs). {setup} runs first.
@@ -54,16 +55,11 @@ def test_subnormals_are_kept_on_request_and_by_the_library(setup, keep):
     assert (zeros, flushed) == (0, "False")
 
 
-@pytest.mark.parametrize("structure", ["separable", "tied", "tied-chunked", "general"])
-def test_kernels_are_exact_whether_or_not_subnormals_are_flushed(structure, monkeypatch):
-    # Sharp attention (large key magnitudes): many weights are far below float32's normal range.
-    # Flushed (as in the geoattn program), the SDPA paths run PyTorch's own backward and
-    # flush_small does nothing; kept (the library's default), they use the blockwise backward and
-    # flush_small zeroes the tiny values. "tied-chunked": the tied path in three query chunks.
-    if structure == "tied-chunked":
-        structure = "tied"
-        monkeypatch.setattr(rt_kernel, "_TIED_MAX_EXPONENT", 2.0)
-        monkeypatch.setattr(rt_kernel, "_TIED_MIN_CHUNK", 1)
+@pytest.mark.parametrize("structure", ["separable", "tied", "general"])
+def test_the_path_and_the_values_do_not_depend_on_the_flush_mode(structure):
+    # Sharp attention (large key magnitudes): many weights are far below float32's normal range. The
+    # same path runs with the CPU flushing subnormals (as in the geoattn program) and without (a plain
+    # program): the dispatch reads no process-global switch, and both agree with the reference.
     torch.manual_seed(0)
     b, h, n, d = 1, 2, 300, 8
     q, v = torch.randn(b, h, n, d), torch.randn(b, h, n, d)
@@ -75,11 +71,20 @@ def test_kernels_are_exact_whether_or_not_subnormals_are_flushed(structure, monk
     as_double = {name: p.double() for name, p in params.items() if name != "structure"}
     expected = rt_attention(*inputs, backend="reference", **as_double)
     expected_grads = torch.autograd.grad(expected.sum(), inputs)
+    chosen = []
     for flushed in (True, False):
-        monkeypatch.setattr(subnormals, "_flushed", flushed)
-        inputs32 = [x.detach().float().requires_grad_() for x in inputs]
-        out = rt_attention(*inputs32, **params)
-        grads = torch.autograd.grad(out.sum(), inputs32)
+        try:
+            torch.set_flush_denormal(flushed)
+            inputs32 = [x.detach().float().requires_grad_() for x in inputs]
+            qkv = torch.stack([x.transpose(1, 2) for x in inputs32], dim=2)
+            p32 = tuple(params[name] for name in ("mu_r", "sigma_t2", "eta_t2", "beta"))
+            call = Call(qkv, None, 1.0, p32, None, None, True, True, "auto", False)
+            chosen.append(dispatch.choose(call).name)
+            out = rt_attention(*inputs32, **params)
+            grads = torch.autograd.grad(out.sum(), inputs32)
+        finally:
+            torch.set_flush_denormal(False)
         torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-4, msg=f"flushed={flushed}")
         for g, e in zip(grads, expected_grads):
             torch.testing.assert_close(g.double(), e, rtol=1e-3, atol=1e-3, msg=f"flushed={flushed}")
+    assert chosen[0] == chosen[1]

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from geoattn.algebra import kernels
 from geoattn.algebra.tables import build_tables
+from geoattn.compile import worth_compiling
 
 MAX_DIMENSION = 6
 
@@ -34,8 +35,8 @@ class CliffordAlgebra:
         grade_indices: ``grade_indices[k]`` = blade indices of grade k (contiguous: see ``grade_slice``).
         vector_indices, bivector_indices: ``grade_indices[1]``, ``grade_indices[2]``.
         cayley_sparse: the nonzero entries ``(i, j, k, sign)`` of ``e_i e_j = sign · e_k``.
-        compile: run large batches (≥ ``kernels.COMPILE_MIN_ROWS`` rows, n ≤ 4) of the bilinear
-            products through ``torch.compile``d per-blade kernels (default True; False: eager). The
+        compile: run large batches (rows · 2ⁿ passing `geoattn.compile.worth_compiling`, n ≤ 4) of the
+            bilinear products through ``torch.compile``d per-blade kernels (default True; False: eager). The
             first large call per product compiles (seconds).
 
     Tables for other modules (float64 CPU tensors, fresh copies; column convention ``M @ x``):
@@ -247,7 +248,7 @@ class CliffordAlgebra:
             if per_blade:
                 return self._products.plain(table)(a, b)
         elif per_blade and self.compile and not self._products.compile_failed:
-            if math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])) >= kernels.COMPILE_MIN_ROWS:
+            if worth_compiling(math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])) * self.dim):
                 return kernels.CompiledBilinear.apply(a, b, self._products, table)
         t = self._table(a.device, a.dtype)
         if self.dim <= kernels.DENSE_MAX_DIM:

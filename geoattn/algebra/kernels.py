@@ -30,9 +30,6 @@ from torch import Tensor
 
 Entries = Sequence[tuple[int, int, int, int]]  # (i, j, k, sign): e_i ∘ e_j = sign · e_k
 
-# Below this many rows the compiled kernel's call overhead outweighs its speed (and small calls,
-# e.g. in other modules' unit tests, should never wait for a compilation).
-COMPILE_MIN_ROWS = 32768
 # Above this many blades (n ≥ 5: 1024+ terms per product, three kernels with the backward) the
 # compilation itself takes minutes; such algebras stay on the gather form unless the caller
 # compiles their own model (which traces the per-blade expression).

@@ -3,7 +3,7 @@ of RT-Filter attention, kept as a baseline. Reference (explicit N×N) and chunke
 recomputing backward, ``chunk × N`` memory) kernels.
 
 RFA's output ``Σ_j A_ij E_ij R v_j`` decays each value by a pair-dependent factor, so it is not a
-plain softmax-weighted sum and does not fit the flash-style ``blockwise_attention``.
+plain softmax-weighted sum.
 """
 
 from __future__ import annotations

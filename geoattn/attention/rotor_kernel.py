@@ -101,8 +101,8 @@ from torch.utils.checkpoint import checkpoint
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.attention import native
-from geoattn.attention.blockwise import own_code
 from geoattn.attention.dtypes import outside_autocast
+from geoattn.compile import own_code, worth_compiling
 
 _T = TypeVar("_T")
 HEAD_TYPES = ("rotation", "reflection", "projection", "frame")
@@ -694,10 +694,9 @@ def _allowed(nq: int, nk: int, start: int, causal: bool, key_mask: Tensor | None
 
 
 # ---------------------------------------------------------------------------- fast: query blocks
-# Blocks of at least this many pair weights (B · H · queries · keys) run their N×N work (softmax,
-# guards, weights) as one torch.compile'd kernel between the GEMMs; eager, each of those steps is a
-# pass over the block (measured here: the eager pointwise passes were 75 % of the compose head's time).
-COMPILE_MIN_PAIRS = 1 << 18
+# Blocks whose pair weights (B · H · queries · keys) pass `geoattn.compile.worth_compiling` run their
+# N×N work (softmax, guards, weights) as one torch.compile'd kernel between the GEMMs; eager, each of
+# those steps is a pass over the block (the eager pointwise passes were 75 % of the compose head's time).
 # torch.compile backend of the block kernels (tests use "aot_eager": tracing without code generation)
 COMPILE_BACKEND = "inductor"
 
@@ -810,7 +809,7 @@ def _query_blocks(
     """
     B, H, N = queries[0].shape[:3]
     chunk = chunk_size or max(16, _AUTO_CHUNK_ELEMENTS // max(1, B * H * N))
-    compiled = algebra.compile and B * H * min(chunk, N) * N >= COMPILE_MIN_PAIRS
+    compiled = algebra.compile and worth_compiling(B * H * min(chunk, N) * N)
     starts = range(0, N, chunk)
     parts = []
     for s in starts:

@@ -5,8 +5,7 @@ shapes (the peer), `rt_attention` on each of its structures (``separable``: σ_t
 σ_t² = 2 μ_r η_t²; ``general``: free process noise, whose four parameters also receive gradients, as
 in training) and the N×N reference where it fits. With the default times on the CPU every structure
 runs the native kernel (`geoattn.attention.native`); with ``GEOATTN_NATIVE=0`` (or where it cannot be
-built) the Python paths: SDPA with folded keys (separable), chunked SDPA (tied), the dense tile up
-to N = 128 and the blockwise kernel beyond (general). The header says which.
+built) the chunked path, on CUDA FlexAttention (`geoattn.attention.rt.dispatch`). The header says which.
 
 Keys are drawn as a trained model's are spread: each key is a Gaussian vector scaled by a factor
 uniform in [0.5, 2.5] (``--key-spread 0.5 2.5``), so the precision κ = |k|²/η_t² spans more than an
@@ -34,7 +33,7 @@ import torch.nn.functional as F
 
 from geoattn.algebra.rotation import rope_frequencies
 from geoattn.attention import native
-from geoattn.attention.rt_kernel import rt_attention
+from geoattn.attention.rt import rt_attention
 from geoattn.bench.common import (
     CLOCKS,
     allow_recompiles,
@@ -143,9 +142,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _paths_note(device: torch.device) -> str:
-    if device.type == "cpu" and native.available():
-        return "the native CPU kernel for every structure (GEOATTN_NATIVE=0: the Python paths)"
-    return "the Python paths (separable and tied: SDPA with folded keys; general: dense or blockwise)"
+    if device.type == "cuda":
+        return "FlexAttention for every structure"
+    if native.available():
+        return "the native CPU kernel for every structure (GEOATTN_NATIVE=0: the chunked path)"
+    return "the chunked path for every structure (the native kernel is not built)"
 
 
 def _keys(g: torch.Generator, shape: tuple[int, ...], spread_: tuple[float, float], device) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """RT-Filter attention and the RT block (SPEC §1.2–§1.3).
 
 ``RTAttention`` is the module around the functional kernel
-``geoattn.attention.rt_kernel.rt_attention``: projections, the constrained per-head filter
+``geoattn.attention.rt.rt_attention``: projections, the constrained per-head filter
 parameters and the ablation switches. ``RTBlock`` is the hypersphere block of
 ``geoattn.layers.sphere`` (tangent correction, retraction or geodesic step, nGPT-style scales) around it.
 
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from geoattn.algebra.rotation import rope_frequencies
-from geoattn.attention.rt_kernel import rt_attention_qkv
+from geoattn.attention.rt import rt_attention_qkv
 from geoattn.layers.common import (
     ScaledVector,
     check_heads,

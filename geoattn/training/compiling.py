@@ -7,15 +7,15 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from geoattn.attention.blockwise import own_code
+from geoattn.compile import own_code
 
 
 class CompiledModel:
     """``torch.compile(module)``, called with the custom autograd Functions of the kernels admitted
     to torch's autograd cache.
 
-    The RT model's graph holds ``torch.autograd.Function`` s (`geoattn.attention.rt_kernel._UnitQKV`,
-    ``_DenseRT``, `geoattn.layers.sphere._SphereRetraction`). By default (torch 2.13) the autograd
+    The hypersphere models' graphs hold ``torch.autograd.Function`` s
+    (`geoattn.layers.sphere._SphereRetraction`). By default (torch 2.13) the autograd
     cache skips any graph that has one, so every new process traces and partitions the joint graph
     again: 13 s of the rt model's first step with a warm compile cache, against 2 s for the
     transformer. Dynamo traces such a Function's forward and backward into subgraphs of the graph the

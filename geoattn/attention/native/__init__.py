@@ -1,10 +1,9 @@
 """Native CPU kernels (one C++ module), built once per machine and build variant.
 
-* ``rt_lag_forward`` / ``rt_lag_backward`` (``rt_lag.h``): RT-Filter attention with a lag table (the
-  default times, where ``log c`` depends on ``i − j`` only), a fused flash-style forward and backward,
-  the matmuls in the BLAS torch links and the elementwise work in SIMD lanes, parallel over heads and
-  query blocks. It computes exactly what the Python blockwise kernel computes (the same flushing of
-  subnormal factors), without its per-tile Python and compiled-call overhead.
+* ``rt_lag_forward`` / ``rt_lag_backward`` (``rt_lag.h``): the flash-style attention core with a lag
+  table (the default times, where ``log c`` depends on ``i − j`` only), the matmuls in the BLAS torch
+  links and the elementwise work in SIMD lanes, parallel over heads and query blocks; the fused entry
+  below runs it (``geoattn.attention.rt.native_cpu`` calls that entry only).
 * ``rt_qkv_forward`` / ``rt_qkv_backward`` (``rt_qkv.h``): the same attention from the fused Q/K/V
   projection ``(B, N, 3, H, D)``: the normalisation (with the learned metric), the key magnitudes and
   the rotations into and out of the common frame happen in the same call instead of as separate

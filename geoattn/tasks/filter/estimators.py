@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from geoattn.algebra.rotation import rotate_pairs
-from geoattn.attention.rt_kernel import rt_attention
+from geoattn.attention.rt import rt_attention
 from geoattn.rt.precision import expm1_ratio, rt_noise_variance
 
 _EPS = 1e-12

@@ -1,0 +1,12 @@
+"""RT-Filter attention (SPEC §1.2, §1.5, contract §4.1), one module per concern:
+
+* `params`: the parameterisation every path shares (normalisation, transport, precision, logit);
+* `reference`, `native_cpu`, `flex`, `chunked`: one module per path;
+* `dispatch`: the table (`dispatch.PATHS`) that alone chooses the path of a call;
+* `functional`: `rt_attention` and `rt_attention_qkv`.
+"""
+
+from geoattn.attention.rt.functional import rt_attention, rt_attention_qkv
+from geoattn.attention.rt.params import log_noise_variance, rt_logits
+
+__all__ = ["rt_attention", "rt_attention_qkv", "rt_logits", "log_noise_variance"]
