@@ -20,8 +20,7 @@ import torch
 
 from geoattn import cli
 from geoattn.algebra.rotation import rope_frequencies
-from geoattn.attention import native
-from geoattn.attention import rt_attention
+from geoattn.attention import native, rt_attention
 from geoattn.bench import common
 
 F64, F32 = torch.float64, torch.float32
