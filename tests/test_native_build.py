@@ -310,9 +310,10 @@ def _attend(dtype, backend, causal, d):
 @pytest.mark.parametrize("march", MARCHES)
 def test_each_build_matches_the_reference(march, dtype, d, causal, monkeypatch):
     """Both build variants (the AVX2 one with 8-lane vectors, native with this CPU's), through the
-    fused entry the native path calls, float64 to rounding and float32 with wide key magnitudes to float32's tolerance: values
-    and every gradient (q, k, v, the four filter parameters) against the reference. D = 16
-    fills whole vectors on either width; D = 8 whole AVX2 vectors and single values on AVX-512."""
+    fused entry the native path calls, float64 to rounding and float32 with wide key magnitudes to
+    float32's tolerance: values and every gradient (q, k, v, the four filter parameters) against the
+    reference. D = 16 fills whole vectors on either width; D = 8 whole AVX2 vectors and single values
+    on AVX-512."""
     monkeypatch.setattr(native, "_state", {"cpu": native.build(march).module})
     calls = []
     module = native._state["cpu"]
