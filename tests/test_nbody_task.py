@@ -263,7 +263,15 @@ def test_sizes_take_the_first_samples_of_loaded_files(task, tmp_path):
     meta = json.loads(json.dumps(loaded.meta()))
     assert meta["source"] == {
         "directory": str(tmp_path.resolve()),
-        "sizes": {"train_size": 10, "val_size": None, "eval_size": 7, "e3_size": None, "object_size": None},
+        "system": "gravity",
+        "sizes": {
+            "train_size": 10,
+            "val_size": None,
+            "eval_size": 7,
+            "e3_size": None,
+            "object_size": None,
+            "test_size": None,
+        },
     }
     assert meta["sets"]["train"] == {"samples": 10, "bodies": 4, "sha256": first.content_hash()}
     assert meta["sets"]["val"]["sha256"] == task.dataset("val").content_hash()
@@ -453,6 +461,7 @@ def test_evaluate_sets_and_a_short_training_run(task):
         optimizer.step()
     results = task.evaluate_sets(model, batch_size=16)
     assert set(results) == {
+        "val_mse",
         "eval_mse",
         "e3_generalization_mse",
         "e3_generalization_unshifted_mse",

@@ -141,13 +141,16 @@ class NBodyTask(Task):
         return c.time
 
     def _charged_sets(self, trajectories: dict[str, charged.ChargedTrajectories]) -> None:
-        """The regression sets of EGNN's trajectories, each cut to its ``*_size`` (train: 3,000)."""
+        """The regression sets of EGNN's trajectories, each cut to its ``*_size`` (unset: all, and at
+        most EGNN's 3,000 for train, as its loader's ``max_samples``); more than there are is a DataError."""
         c = self.config
         for name, data in trajectories.items():
-            size = c.set_size(name) or (charged.TRAIN_SAMPLES if name == "train" else None)
+            size = c.set_size(name)
             if size is not None and size > len(data):
                 where = f"in {c.data}" if c.data else "simulated"
                 raise DataError(f"nbody charged: {size} {name} samples asked, {len(data)} {where}")
+            if size is None and name == "train":
+                size = min(charged.TRAIN_SAMPLES, len(data))
             self._sets[name] = data.head(size or len(data)).task_set(c.frame_in, c.frame_out)
 
     def dataset(self, name: str) -> NBodySet:
