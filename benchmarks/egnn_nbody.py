@@ -6,8 +6,8 @@ from a checkout of their repository, on the ``.npy`` files in ``--data`` (EGNN's
 ``geoattn data make nbody-charged``), for a budget in optimiser steps (epochs of 3,000 / 100 = 30
 steps each), and writes ``OUT/metrics.json``:
 
-* ``val_mse``, ``test_mse``: EGNN's own protocol, the best validation MSE over its evaluations
-  (every 5 epochs) and the test MSE at that epoch;
+* ``val_mse_full``, ``test_mse``: EGNN's own protocol, the best validation MSE over its evaluations
+  (every 5 epochs, each on the whole set) and the test MSE at that epoch;
 * ``test_mse_last``: the test MSE at its last evaluation (no selection on validation);
 * ``params``, ``wall_s`` (the whole script), ``steps``, ``epochs``, ``lr``, ``seed``, ``command``.
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - start
     losses = json.loads((out / "logs" / f"seed_{args.seed}" / "losess.json").read_text())
     metrics = {
-        "val_mse": best_val,
+        "val_mse_full": best_val,
         "test_mse": best_test,
         "best_epoch": best_epoch,
         "test_mse_last": losses["losess"][-1],

@@ -177,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mse[name] = experiment.metrics[name]["mse"] if name in experiment.metrics else None
 
     metrics = {f"{name}_mse": value for name, value in mse.items()}
+    metrics["val_mse_full"] = mse["val"]  # the name geoattn's own runs give the whole val set's MSE
     metrics.update(
         params=params,
         wall_s=round(wall_s, 2),

@@ -110,8 +110,8 @@ def test_gatrs_budget_command_runs_on_files_written_by_save_gatr_format(gatr_dir
     summary = json.loads((out / "summary.json").read_text())
     assert summary["lr"] == pytest.approx(3e-4 * 0.01 ** (2 / 3))  # the last step: 2/3 of the way to lr/100
     assert set(summary["final"]) == {
-        "eval_mse", "e3_generalization_mse", "e3_generalization_unshifted_mse", "object_generalization_mse",
-        "equivariance_error",
+        "val_mse_full", "eval_mse", "e3_generalization_mse", "e3_generalization_unshifted_mse",
+        "object_generalization_mse", "equivariance_error",
     }  # fmt: skip
     capsys.readouterr()
     assert main(["eval", "--out", str(out)]) == 0

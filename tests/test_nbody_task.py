@@ -461,7 +461,7 @@ def test_evaluate_sets_and_a_short_training_run(task):
         optimizer.step()
     results = task.evaluate_sets(model, batch_size=16)
     assert set(results) == {
-        "val_mse",
+        "val_mse_full",
         "eval_mse",
         "e3_generalization_mse",
         "e3_generalization_unshifted_mse",

@@ -270,7 +270,7 @@ class NBodyTask(Task):
         results = self.evaluate_sets(model)
         for name in SYSTEM_EVAL_SETS[self.config.system]:
             where = f"all {len(self.dataset(name)):,} {name} samples"
-            rows.append(EvalRow(f"{name}_mse", results[f"{name}_mse"], where))
+            rows.append(EvalRow(_full_key(name), results[_full_key(name)], where))
             rows += [EvalRow(f"{name}_{k}", v, where) for k, v in self.baselines(name).items()]
         if self.config.system == "gravity":
             where = f"the {len(self.dataset('e3_generalization')):,} e3_generalization samples, shift removed"
@@ -286,7 +286,7 @@ class NBodyTask(Task):
     def evaluate_sets(
         self, model: nn.Module, *, batch_size: int = EQUIVARIANCE_SAMPLES, seed: int = 0
     ) -> dict[str, float]:
-        """MSE on ``val`` (for model selection), ``eval``, ``e3_generalization``,
+        """MSE on ``val`` (``val_mse_full``, for model selection), ``eval``, ``e3_generalization``,
         ``object_generalization``, on the E(3) set with its fixed shift removed
         (``e3_generalization_unshifted``), and the equivariance error; for the charged system MSE on
         ``val`` and ``test`` and the equivariance error (on val samples).
@@ -297,7 +297,8 @@ class NBodyTask(Task):
         """
         parameter = next(model.parameters())
         sets = SYSTEM_EVAL_SETS[self.config.system]
-        results = {f"{name}_mse": _set_mse(model, self.dataset(name), batch_size) for name in sets}
+        # val_mse_full: the whole set, apart from the trainer's batch estimate val_mse
+        results = {_full_key(name): _set_mse(model, self.dataset(name), batch_size) for name in sets}
         probe = "val" if self.config.system == "charged" else "eval"
         sample = self.dataset(probe).subset(torch.arange(min(batch_size, len(self.dataset(probe)))))
         x = sample.inputs().to(parameter.device, parameter.dtype)
@@ -315,6 +316,11 @@ class NBodyTask(Task):
             model, self.dataset("e3_generalization").translated(-shift), batch_size
         )
         return results
+
+
+def _full_key(name: str) -> str:
+    """The metric of set ``name`` measured on all its samples (``val_mse_full``, ``eval_mse``, …)."""
+    return "val_mse_full" if name == "val" else f"{name}_mse"
 
 
 def _set_mse(model: nn.Module, data: NBodySet, batch_size: int) -> float:
