@@ -172,6 +172,7 @@ def test_aggregation_and_verdicts_on_known_numbers():
     assert c.diff == pytest.approx(-1.0) and c.se == pytest.approx(math.sqrt(0.02 / 2 + 0.02 / 2))
     assert "a is better (p < 0.05)" in verdict(c)
     assert "a is worse" in verdict(c, higher_is_better=True)
+    assert "a is lower (p < 0.05)" in verdict(c, descriptive=True)
     close = compare({"a": {"m": Stat([1.0, 1.2])}, "b": {"m": Stat([1.1, 1.3])}}, "a", "b", "m")
     assert "no measurable difference (p ≥ 0.05)" in verdict(close)
 

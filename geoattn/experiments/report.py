@@ -126,8 +126,9 @@ def two_sided_p(t: float, df: float) -> float:
     return float(2 * student_t.sf(abs(t), df))
 
 
-def verdict(comparison: Comparison, higher_is_better: bool = False) -> str:
-    """One sentence no stronger than Welch's test allows (see ``VERDICT_RULE``)."""
+def verdict(comparison: Comparison, higher_is_better: bool = False, descriptive: bool = False) -> str:
+    """One sentence no stronger than Welch's test allows (see ``VERDICT_RULE``); a ``descriptive``
+    metric (one that measures, not scores) is called higher or lower, not better or worse."""
     c = comparison
     head = f"{c.a} − {c.b} on {c.metric}: {c.diff:+.4g}"
     if c.n_a < 2 or c.n_b < 2 or math.isnan(c.se):
@@ -139,8 +140,11 @@ def verdict(comparison: Comparison, higher_is_better: bool = False) -> str:
     head += f" ± {c.se:.2g} (SE; n = {c.n_a}, {c.n_b}; Welch t = {c.t:+.2f}, df = {c.df:.1f}, p = {_p(c.p)})"
     if not c.p < ALPHA:
         return f"{head}: no measurable difference (p ≥ {ALPHA:g})."
-    better = (c.diff > 0) == higher_is_better
-    return f"{head}: {c.a} is {'better' if better else 'worse'} (p < {ALPHA:g})."
+    if descriptive:
+        word = "higher" if c.diff > 0 else "lower"
+    else:
+        word = "better" if (c.diff > 0) == higher_is_better else "worse"
+    return f"{head}: {c.a} is {word} (p < {ALPHA:g})."
 
 
 def _p(p: float) -> str:
@@ -268,7 +272,9 @@ def _verdicts_and_reading(
         lines += ["## Verdicts", "", VERDICT_RULE + (f" {note}" if note else ""), ""]
         for entry in spec.compare:
             comparison = compare(table, entry["a"], entry["b"], entry["metric"])
-            lines.append(f"* {verdict(comparison, entry['metric'] in spec.higher_is_better)}")
+            metric = entry["metric"]
+            line = verdict(comparison, metric in spec.higher_is_better, metric in spec.descriptive)
+            lines.append(f"* {line}")
         lines.append("")
     if spec.conclusion:
         lines += ["## Reading", "", spec.conclusion.strip(), ""]
