@@ -326,3 +326,34 @@ def test_ctrl_c_during_a_runs_last_step_stops_before_the_next_run(workdir, monke
         execute(spec, plan(spec, workdir / "runs"), print_line=lines.append)
     assert len(lines) == 2 and "done" in lines[1]  # the first run finished; the second never started
     assert [p.status for p in plan(spec, workdir / "runs")] == ["done", "new", "new", "new"]
+
+
+def _settings(spec, cell) -> dict[str, object]:
+    """A cell's settings, flattened: every TrainConfig field (but its run directory and seed), and
+    every field of the model's config after its defaults (``model.KEY``) and of ``task_options``
+    (``task.KEY``), so that a value written out at its default counts as no change."""
+    from dataclasses import asdict
+
+    from geoattn.models.lm import LMConfig
+
+    config = spec.config(cell, spec.seeds[0], Path("runs"))
+    flat = {k: v for k, v in config.items() if k not in ("out", "seed", "model_options", "task_options")}
+    flat.update({f"model.{k}": v for k, v in asdict(LMConfig(**config["model_options"])).items()})
+    flat.update({f"task.{k}": v for k, v in config["task_options"].items()})
+    return flat
+
+
+def test_rt_predictions_changes_one_setting_at_a_time():
+    """Issue 28.3: every verdict of rt-predictions compares a cell with its arm's base cell, and the
+    two differ in exactly one setting; each arm covers the RT paper's ingredients."""
+    spec = load_spec(str(Path(__file__).parents[1] / "experiments" / "rt-predictions.toml"))
+    cells = {c.name: c for c in spec.cells}
+    changed: dict[str, set[str]] = {}
+    for entry in spec.compare:
+        a, b = _settings(spec, cells[entry["a"]]), _settings(spec, cells[entry["b"]])
+        differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        assert len(differ) == 1, (entry["a"], entry["b"], differ)
+        changed.setdefault(entry["b"], set()).add(differ[0])
+    ingredients = {"model.magnitude_precision", "model.qkv_norm", "model.tangent_correction"}
+    assert changed == {"transformer": ingredients, "rt": ingredients | {"model.process_noise"}}
+    assert {c for e in spec.compare for c in (e["a"], e["b"])} == set(cells)  # no cell without a verdict
