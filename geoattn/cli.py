@@ -362,15 +362,24 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runs", default="runs/experiments", help="where the run directories live")
     p.add_argument("--results", default="results", help="where the report and plots go")
     p.add_argument("--report-only", action="store_true", help="aggregate what is finished, run nothing")
+    p.add_argument(
+        "--from-results",
+        action="store_true",
+        help="recompute the verdicts and reading of results/NAME.md from its own every-seed table "
+        "(no runs needed, nothing run; the rest of the report is kept)",
+    )
     p.set_defaults(func=cmd_experiment)
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from geoattn.experiments import execute, load_spec, plan, write_report
+    from geoattn.experiments import execute, load_spec, plan, rewrite_verdicts, write_report
 
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     spec = load_spec(args.name)
+    if args.from_results:
+        print(f"wrote {rewrite_verdicts(spec, Path(args.results))}")
+        return 0
     runs = Path(args.runs)
     plans = plan(spec, runs)
     if args.dry_run:

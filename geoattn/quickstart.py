@@ -143,7 +143,7 @@ BASELINE_NAMES = {
     "rt_filter": "closed-form RT filter, true parameters",
     "uniform": "uniform transported mean (no precision)",
     "kalman": "tangent-space Kalman filter",
-    "particle": "particle filter (near-optimal)",
+    "particle": "particle filter, 1,000 particles",
     "raw": "raw measurement directions",
 }
 

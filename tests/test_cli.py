@@ -328,7 +328,7 @@ def test_quickstart_runs_and_owns_only_its_folder(tmp_path, capsys):
     for name in (
         "closed-form RT filter, true parameters",
         "tangent-space Kalman filter",
-        "particle filter (near-optimal)",
+        "particle filter, 1,000 particles",
         "raw measurement directions",
     ):
         assert 0 < float(rows[name]) < 90

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from conftest import SHAKESPEARE
 from geoattn.cli import main
 from geoattn.errors import CheckpointError
 from geoattn.experiments import execute, load_spec, plan
-from geoattn.experiments.report import Stat, compare, verdict
+from geoattn.experiments.report import EVERY_SEED, VERDICT_RULE, Stat, compare, verdict, welch
 from geoattn.tasks import get_task
 from geoattn.training.config import TrainConfig
 from geoattn.training.run_dir import RunDirectory
@@ -168,12 +170,114 @@ def test_aggregation_and_verdicts_on_known_numbers():
     table = {"a": {"loss": Stat([1.0, 1.2]), "acc": Stat([0.9, 0.91])}, "b": {"loss": Stat([2.0, 2.2])}}
     c = compare(table, "a", "b", "loss")
     assert c.diff == pytest.approx(-1.0) and c.se == pytest.approx(math.sqrt(0.02 / 2 + 0.02 / 2))
-    assert "a is better (beyond 2 SE)" in verdict(c)
+    assert "a is better (p < 0.05)" in verdict(c)
     assert "a is worse" in verdict(c, higher_is_better=True)
+    assert "a is lower (p < 0.05)" in verdict(c, descriptive=True)
     close = compare({"a": {"m": Stat([1.0, 1.2])}, "b": {"m": Stat([1.1, 1.3])}}, "a", "b", "m")
-    assert "no measurable difference" in verdict(close)
+    assert "no measurable difference (p ≥ 0.05)" in verdict(close)
+
+
+# (a, b, t, Welch–Satterthwaite df, two-sided p) from scipy.stats.ttest_ind(a, b, equal_var=False)
+WELCH_CASES = [
+    # the first example of Wikipedia's "Welch's t-test" page (it reads t = −2.46, df = 25.0, p = 0.021)
+    (
+        [27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7, 21.4],
+        [27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5, 24.4],
+        -2.455356,
+        24.988529,
+        0.021378,
+    ),
+    # three seeds a side (results/lm.md, rt − ngpt on val_loss_full): 2.8 SE, yet not p < 0.05
+    ([1.668, 1.664, 1.672], [1.681, 1.690, 1.675], -2.838097, 3.040799, 0.064717),
+    # zero spread on one side: df = n − 1 of the other
+    ([1.0, 1.0, 1.0], [1.2, 1.4, 1.3], -5.1962, 2.0, 0.035098),
+]
+
+
+@pytest.mark.parametrize("a, b, t, df, p", WELCH_CASES)
+def test_welch_t_test_on_known_numbers(a, b, t, df, p):
+    diff, se, t_, df_, p_ = welch(a, b)
+    assert diff == pytest.approx(statistics.fmean(a) - statistics.fmean(b))
+    assert (t_, df_, p_) == (
+        pytest.approx(t, abs=1e-4),
+        pytest.approx(df, abs=1e-4),
+        pytest.approx(p, rel=1e-4),
+    )
+    line = verdict(compare({"a": {"m": Stat(a)}, "b": {"m": Stat(b)}}, "a", "b", "m"))
+    assert f"t = {t:+.2f}, df = {df:.1f}, p = " in line
+    assert ("a is better (p < 0.05)" in line) == (p < 0.05)
+
+
+def test_welch_t_test_agrees_with_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    rng = random.Random(0)
+    for _ in range(20):
+        a = [rng.gauss(0, rng.uniform(0.1, 2)) for _ in range(rng.randint(2, 6))]
+        b = [rng.gauss(0.5, rng.uniform(0.1, 2)) for _ in range(rng.randint(2, 6))]
+        ref = stats.ttest_ind(a, b, equal_var=False)
+        _, _, t, df, p = welch(a, b)
+        assert (t, df, p) == (pytest.approx(ref.statistic), pytest.approx(ref.df), pytest.approx(ref.pvalue))
+
+
+def test_no_verdict_without_a_test():
     one = compare({"a": {"m": Stat([1.0])}, "b": {"m": Stat([1.1, 1.3])}}, "a", "b", "m")
-    assert "too few seeds" in verdict(one)
+    assert math.isnan(one.p) and "too few seeds for a test (one seed on a side): no verdict." in verdict(one)
+    missing = compare({"a": {}, "b": {"m": Stat([1.1, 1.3])}}, "a", "b", "m")
+    assert "(n = 0, 2): too few seeds" in verdict(missing)
+    constant = compare({"a": {"m": Stat([2.0, 2.0])}, "b": {"m": Stat([1.0, 1.0, 1.0])}}, "a", "b", "m")
+    assert constant.se == 0 and math.isnan(constant.t) and math.isnan(constant.p)
+    assert verdict(constant).endswith("no spread on either side, so no test: no verdict.")
+    same = compare({"a": {"m": Stat([2.0, 2.0])}, "b": {"m": Stat([2.0, 2.0])}}, "a", "b", "m")
+    assert verdict(same).endswith("no spread on either side, so no test: identical values.")
+
+
+def test_verdicts_are_recomputed_from_a_reports_every_seed_table(workdir, capsys):
+    results = workdir / "results"
+    results.mkdir()
+    table = "\n".join(
+        [
+            "| cell         | seed | val_loss_full | params |",
+            "| ------------ | ---- | ------------- | ------ |",
+            "| transformer  | 1    | 1.666         | 100    |",
+            "| rt, no noise | 1    | 1.668         | 101    |",
+            "| transformer  | 2    | 1.679         | 100    |",
+            "| rt, no noise | 2    | 1.664         | 101    |",
+            "| transformer  | 3    | 1.677         | 100    |",
+            "| rt, no noise | 3    | –             | 101    |",
+        ]
+    )
+    old = [
+        "# Experiment `tiny`",
+        "",
+        "a tiny grid",
+        "",
+        "## Verdicts",
+        "",
+        "old rule",
+        "",
+        "* old verdict",
+        "",
+    ]
+    old += ["## Reading", "", "old reading", "", "![val_loss_full](tiny_val_loss_full.png)", ""]
+    (results / "tiny.md").write_text("\n".join([*old, EVERY_SEED, "", table, "", "</details>", ""]))
+    assert main(["experiment", "tiny", "--from-results"]) == 0
+    text = (results / "tiny.md").read_text()
+    assert "old" not in text and VERDICT_RULE in text and "wrote results/tiny.md" in capsys.readouterr().out
+    a, b = [1.668, 1.664], [1.666, 1.679, 1.677]
+    _, _, t, df, p = welch(a, b)
+    assert (
+        f"* rt, no noise − transformer on val_loss_full: {statistics.fmean(a) - statistics.fmean(b):+.4g}"
+        in text
+    )
+    assert f"t = {t:+.2f}, df = {df:.1f}, p = {p:.2g}): no measurable difference" in text
+    assert text.index("## Verdicts") < text.index("![val_loss_full]") < text.index(EVERY_SEED)
+    assert table in text and not (workdir / "runs").exists()
+
+
+def test_from_results_without_a_report_is_one_line(workdir, capsys):
+    assert main(["experiment", "tiny", "--from-results"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no 'Every seed' table" in err[0]
 
 
 @pytest.mark.parametrize(
@@ -222,3 +326,34 @@ def test_ctrl_c_during_a_runs_last_step_stops_before_the_next_run(workdir, monke
         execute(spec, plan(spec, workdir / "runs"), print_line=lines.append)
     assert len(lines) == 2 and "done" in lines[1]  # the first run finished; the second never started
     assert [p.status for p in plan(spec, workdir / "runs")] == ["done", "new", "new", "new"]
+
+
+def _settings(spec, cell) -> dict[str, object]:
+    """A cell's settings, flattened: every TrainConfig field (but its run directory and seed), and
+    every field of the model's config after its defaults (``model.KEY``) and of ``task_options``
+    (``task.KEY``), so that a value written out at its default counts as no change."""
+    from dataclasses import asdict
+
+    from geoattn.models.lm import LMConfig
+
+    config = spec.config(cell, spec.seeds[0], Path("runs"))
+    flat = {k: v for k, v in config.items() if k not in ("out", "seed", "model_options", "task_options")}
+    flat.update({f"model.{k}": v for k, v in asdict(LMConfig(**config["model_options"])).items()})
+    flat.update({f"task.{k}": v for k, v in config["task_options"].items()})
+    return flat
+
+
+def test_rt_predictions_changes_one_setting_at_a_time():
+    """Issue 28.3: every verdict of rt-predictions compares a cell with its arm's base cell, and the
+    two differ in exactly one setting; each arm covers the RT paper's ingredients."""
+    spec = load_spec(str(Path(__file__).parents[1] / "experiments" / "rt-predictions.toml"))
+    cells = {c.name: c for c in spec.cells}
+    changed: dict[str, set[str]] = {}
+    for entry in spec.compare:
+        a, b = _settings(spec, cells[entry["a"]]), _settings(spec, cells[entry["b"]])
+        differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        assert len(differ) == 1, (entry["a"], entry["b"], differ)
+        changed.setdefault(entry["b"], set()).add(differ[0])
+    ingredients = {"model.magnitude_precision", "model.qkv_norm", "model.tangent_correction"}
+    assert changed == {"transformer": ingredients, "rt": ingredients | {"model.process_noise"}}
+    assert {c for e in spec.compare for c in (e["a"], e["b"])} == set(cells)  # no cell without a verdict

@@ -296,3 +296,40 @@ def test_rt_predictions_one_at_a_time_on_the_prenorm_transformer():
     assert build_lm("rt", LMConfig(**cfg)).backbone.blocks[0].tangent_correction  # rt's default on
     with pytest.raises(ValueError, match="residual must be"):
         LMConfig(residual="euclid")
+
+
+@pytest.mark.parametrize("option", ["magnitude_precision", "qkv_norm"])
+def test_rt_ingredients_switch_alone_on_the_transformer(option):
+    """``magnitude_precision`` and ``qkv_norm`` on the pre-norm transformer: only the attention's
+    logit (and, for qkv_norm, the values) change; the fast path matches the explicit formula."""
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=32)
+    plain = build_lm("transformer", LMConfig(**cfg))
+    assert not plain.backbone.blocks[0].attn.rt_logit
+    model = build_lm("transformer", LMConfig(**cfg, **{option: True}))
+    extra = set(model.state_dict()) - set(plain.state_dict())
+    assert extra == {"backbone.blocks.0.attn.log_eta_t2", "backbone.blocks.0.attn.log_beta"}
+    assert set(plain.state_dict()) <= set(model.state_dict())
+    attn = model.backbone.blocks[0].attn
+    with torch.no_grad():
+        attn.log_eta_t2.copy_(torch.tensor([0.3, -0.2]))
+        attn.log_beta.copy_(torch.tensor([1.0, 1.5]))
+    x = torch.randn(2, 9, 32)
+    q, k, v = attn._qkv(x, None)  # (B, H, T, D), RoPE applied
+    eta2, beta = attn.log_eta_t2.exp().view(1, 2, 1, 1), attn.log_beta.exp().view(1, 2, 1, 1)
+    m2 = 2 * k.pow(2).sum(-1) if option == "magnitude_precision" else torch.ones(k.shape[:-1])
+    kappa = (m2 / eta2.squeeze(-1)).unsqueeze(-2)  # (B, H, 1, T): per key
+    cos = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+    logits = kappa.log() + beta * kappa * (cos - 1)
+    weights = logits.masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    torch.testing.assert_close(attn.attention_weights(x), weights, atol=1e-5, rtol=1e-4)
+    values = F.normalize(v, dim=-1) if option == "qkv_norm" else v
+    torch.testing.assert_close(attn(x), attn.c_proj(merge_heads(weights @ values)), atol=1e-5, rtol=1e-4)
+    before = attn(x)
+    with torch.no_grad():
+        attn.c_attn.weight[64:] *= 3  # the value rows
+    torch.testing.assert_close(attn(x), before if option == "qkv_norm" else 3 * before)
+    with pytest.raises(ValueError, match="alibi"):
+        build_lm("transformer", LMConfig(**cfg, pos="alibi", **{option: True}))
+    rt = build_lm("rt", LMConfig(**cfg)).backbone.blocks[0].attn
+    assert rt.magnitude_precision and rt.qkv_norm  # rt's own choice: on

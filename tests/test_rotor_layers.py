@@ -12,6 +12,7 @@ from conftest import random_o3_versor
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.rotation import rotate_pairs
+from geoattn.attention.rotor_kernel import rotor_attention
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm, MultivectorEmbedding
 from geoattn.layers.rotor_block import RotorAttention, RotorPositionalEncoding
 from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig, center
@@ -255,9 +256,9 @@ def test_learns_an_equivariant_target():
 
 # ---------------------------------------------------------------------------------------- errors
 def test_layer_errors_name_the_problem():
-    with pytest.raises(ValueError, match="unknown head type 'rotor'"):
+    with pytest.raises(ValueError, match="unknown head_type 'rotor'"):
         RotorAttention(CL3, 4, ["rotor"])
-    with pytest.raises(ValueError, match="'frame' heads need Cl\\(3\\)"):
+    with pytest.raises(ValueError, match="'frame' needs Cl\\(3\\)"):
         RotorAttention(PGA, 4, ["frame"])
     with pytest.raises(ValueError, match="head_channels ≥ 2"):
         RotorAttention(CL3, 4, ["frame"], head_channels=1)
@@ -277,7 +278,7 @@ def test_layer_errors_name_the_problem():
         RotorAttention(CL3, 4, ["rotation"], positional_encoding=True)(torch.randn(1, 3, 4, 8))
     with pytest.raises(ValueError, match="algebra must be one of"):
         RotorTransformerConfig(algebra="cl4")
-    with pytest.raises(ValueError, match="'frame' heads need algebra='cl3'"):
+    with pytest.raises(ValueError, match="'frame' needs Cl\\(3\\) .*, got algebra='pga'"):
         RotorTransformerConfig(algebra="pga", head_types=("frame",))
     model = RotorTransformer(RotorTransformerConfig(in_channels=2, in_scalars=1, scalars=4))
     with pytest.raises(ValueError, match="mv has shape"):
@@ -298,3 +299,29 @@ def test_layer_errors_name_the_problem():
 def test_rotor_transformer_rejects_bad_aggregation(options, match):
     with pytest.raises(ValueError, match=match):
         RotorTransformerConfig(**options)
+
+
+def test_one_registry_rules_every_owner_of_head_types():
+    """The functional kernel, the layer and both model configs check head types by the one registry
+    (same rule, same words) and default to the one head cycle."""
+    from geoattn.attention.rotor_heads import DEFAULT_HEAD_CYCLE, default_head_types
+    from geoattn.models.base import ModelSizes
+    from geoattn.models.rotor_lm import RotorLMConfig
+
+    q = torch.randn(1, 1, 3, 2, 16)
+    owners = [
+        lambda: rotor_attention(q, q, q, algebra=PGA, head_type="frame"),
+        lambda: RotorAttention(PGA, 4, ["frame"]),
+        lambda: RotorTransformerConfig(algebra="pga", head_types=("frame",)),
+        lambda: RotorLMConfig(algebra="pga", head_types=("frame",)),
+    ]
+    rule = "head_type 'frame' needs Cl\\(3\\) \\(a frame is x, y, x × y\\)"
+    for build in owners:
+        with pytest.raises(ValueError, match=rule):
+            build()
+    sizes = ModelSizes(n_head=6, n_embd=96)
+    cycle = default_head_types(6)
+    assert cycle == (*DEFAULT_HEAD_CYCLE, *DEFAULT_HEAD_CYCLE[:2])
+    assert RotorTransformerConfig.from_sizes(sizes).head_types == cycle
+    lm = RotorLMConfig.from_sizes(sizes, {"channels": 12, "head_channels": 2}, vocab_size=5)
+    assert lm.head_types == cycle

@@ -201,7 +201,7 @@ def test_the_rotor_positions_plot(tmp_path):
     "options, fragments",
     [
         ({"aggregation": "mean"}, ["aggregation", "'mean'"]),
-        ({"aggregation": "compose", "head_types": ["projection"] * 4}, ["aggregation", "rotation heads"]),
+        ({"aggregation": "compose", "head_types": ["projection"] * 4}, ["aggregation", "'rotation' heads"]),
         ({"algebra": "cl4", "head_types": ["frame", "rotation"]}, ["head_types", "frame", "cl4"]),
         ({"algebra": "cl5"}, ["algebra", "cl5"]),
         ({"readout": "linear"}, ["readout"]),
@@ -231,7 +231,7 @@ def test_from_sizes_maps_the_run():
         ModelSizes(n_layer=3, n_head=2, n_embd=64, dropout=0.1), {}, vocab_size=5
     )
     assert (config.n_layer, config.channels, config.head_channels, config.scalars) == (3, 8, 4, 64)
-    assert config.head_types == ("rotation", "reflection") and config.dropout == 0.1
+    assert config.head_types == ("rotation", "rotation") and config.dropout == 0.1  # DEFAULT_HEAD_CYCLE
     assert RotorLMConfig.from_sizes(ModelSizes(), {"algebra": "pga"}, vocab_size=5).channels == 8
 
 
@@ -291,6 +291,23 @@ def test_a_resumed_run_continues_exactly(tmp_path):
         for run in ("full", "part")
     )
     assert part == full
+
+
+def test_a_run_loads_with_the_head_types_it_was_trained_with(tmp_path):
+    """A run's config.json keeps its head types; loading it rebuilds them even where the default
+    cycle has changed since (simulated: the saved cycle edited to another order)."""
+    from geoattn.training.evaluate import load_run
+
+    text = tmp_path / "text.txt"
+    text.write_text(SHAKESPEARE.read_text()[:5000])
+    flags = [*tiny_lm_args(2, 2), "--model", "rotor", "--data", str(text)]
+    assert main(["train", *flags, "--out", str(tmp_path / "run")]) == 0
+    path = tmp_path / "run" / "config.json"
+    saved = json.loads(path.read_text())
+    assert saved["train"]["model_options"] == {} and saved["model"]["head_types"] == ["rotation", "rotation"]
+    saved["model"]["head_types"] = ["reflection", "rotation"]
+    path.write_text(json.dumps(saved))
+    assert load_run(tmp_path / "run").model.config.head_types == ("reflection", "rotation")
 
 
 def test_the_lm_and_filter_tasks_build_rotor_models():

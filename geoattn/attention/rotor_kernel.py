@@ -100,14 +100,14 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
+from geoattn.algebra.named import shared_algebra
 from geoattn.attention import native
 from geoattn.attention.dtypes import outside_autocast
+from geoattn.attention.rotor_heads import HEADS, HeadType, check_head_types, register_head_type
 from geoattn.compile import own_code, worth_compiling
 
 _T = TypeVar("_T")
-HEAD_TYPES = ("rotation", "reflection", "projection", "frame")
 BACKENDS = ("auto", "reference")
-AGGREGATIONS = ("sum", "compose")
 
 NORM_EPS = 1e-12  # lower bound of |Σ_c vector part| when normalising directions
 _AUTO_CHUNK_ELEMENTS = 1 << 21  # B·H·chunk·N logits per query chunk (8 MiB in float32)
@@ -136,7 +136,8 @@ def rotor_attention(
     Args:
         q, k: ``(B, H, N, C, dim)`` multivectors; v: ``(B, H, N, Cv, dim)``.
         algebra: the :class:`CliffordAlgebra` the multivectors live in (``dim == algebra.dim``).
-        head_type: ``"rotation" | "reflection" | "projection" | "frame"`` (see the module docstring).
+        head_type: ``"rotation" | "reflection" | "projection" | "frame"`` (see the module docstring),
+            or any type registered in ``geoattn.attention.rotor_heads``.
         causal: attend to keys ``j ≤ i`` only.
         backend: ``"auto"`` (fast exact factorised form) or ``"reference"`` (naive pairwise oracle).
         inverse: rotation head only: use the key → query rotor ``(1 + a b)/sqrt(2(1 + ⟨a, b⟩))``
@@ -157,16 +158,11 @@ def rotor_attention(
         torch.promote_types(q.dtype, k.dtype), torch.promote_types(v.dtype, torch.float32)
     )
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    if backend == "reference":
-        out = _reference(q, k, v, algebra, head_type, causal, inverse, key_mask, aggregation)
-    elif aggregation == "compose":
-        out = _compose(q, k, v, algebra, causal, inverse, key_mask, chunk_size)
-    elif head_type in ("rotation", "reflection"):
-        out = _factorised(q, k, v, algebra, head_type, causal, inverse, key_mask, chunk_size)
-    elif head_type == "projection":
-        out = _projection(q, k, v, algebra, causal, key_mask)
-    else:
-        out = _frame(q, k, v, algebra, causal, key_mask)
+    head = HEADS[head_type]
+    kernel, reference = head.compose if aggregation == "compose" else (head.kernel, head.reference)
+    if backend == "reference" and reference is not None:
+        kernel = reference
+    out = kernel(q, k, v, algebra, causal=causal, inverse=inverse, key_mask=key_mask, chunk_size=chunk_size)
     return out.to(out_dtype)
 
 
@@ -174,17 +170,6 @@ def rotor_attention(
 def _check_inputs(q, k, v, algebra, head_type, backend, inverse, key_mask, chunk_size, aggregation) -> None:
     if not isinstance(algebra, CliffordAlgebra):
         raise ValueError(f"rotor_attention: algebra must be a CliffordAlgebra, got {type(algebra).__name__}")
-    if head_type not in HEAD_TYPES:
-        raise ValueError(f"rotor_attention: unknown head_type {head_type!r}, expected one of {HEAD_TYPES}")
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(
-            f"rotor_attention: unknown aggregation {aggregation!r}, expected one of {AGGREGATIONS}"
-        )
-    if aggregation == "compose" and head_type != "rotation":
-        raise ValueError(
-            f"rotor_attention: aggregation='compose' composes rotors, so it needs head_type 'rotation', "
-            f"got head_type {head_type!r}"
-        )
     if backend not in BACKENDS:
         raise ValueError(f"rotor_attention: unknown backend {backend!r}, expected one of {BACKENDS}")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -206,23 +191,15 @@ def _check_inputs(q, k, v, algebra, head_type, backend, inverse, key_mask, chunk
         raise ValueError(
             f"rotor_attention: v {tuple(v.shape)} must share (B, H, N) = {tuple(k.shape[:3])} with k"
         )
-    if head_type != "frame" and algebra.q > 0:
-        raise ValueError(
-            f"rotor_attention: head_type {head_type!r} needs unit directions a² = 1, so no basis vector "
-            f"squaring to -1; got {algebra!r}"
-        )
-    if head_type == "frame":
-        if (algebra.p, algebra.q, algebra.r) != (3, 0, 0):
-            raise ValueError(f"rotor_attention: head_type 'frame' needs Cl(3), got {algebra!r}")
-        if q.shape[3] < 2:
-            raise ValueError(
-                f"rotor_attention: head_type 'frame' needs C ≥ 2 channels in q and k (the frame comes from "
-                f"channels 0 and 1), got C = {q.shape[3]}"
-            )
-    if inverse and head_type not in ("rotation", "reflection"):
-        raise ValueError(
-            f"rotor_attention: inverse=True applies to 'rotation' (and 'reflection'), not {head_type!r}"
-        )
+    check_head_types(
+        "rotor_attention",
+        (head_type,),
+        (algebra.p, algebra.q, algebra.r),
+        q.shape[3],
+        algebra=repr(algebra),
+        aggregation=aggregation,
+        inverse=inverse,
+    )
     if key_mask is not None and (
         key_mask.dtype != torch.bool or tuple(key_mask.shape) != (q.shape[0], q.shape[2])
     ):
@@ -445,8 +422,8 @@ def _sandwich_plan(algebra: CliffordAlgebra, head_type: str, inverse: bool) -> _
     reflection 20 + 2 (the polynomial, so ``N(a, a, v) = 0`` for any |a| and float rounding of the
     norms does not leak into the guard band). Fitted on random directions, checked on fresh unit ones.
     """
-    # a twin that never compiles: the fit's products are one-off float64 calls
-    ga = CliffordAlgebra(algebra.p, algebra.q, algebra.r, compile=False)
+    # the shared twin that never compiles: the fit's products are one-off float64 calls
+    ga = shared_algebra(algebra.p, algebra.q, algebra.r, compile=False)
     P = len(_sym_pairs(ga.n)) + ga.n + 1
     generator = torch.Generator().manual_seed(0)
     sign = 1.0 if head_type == "rotation" else -1.0
@@ -481,7 +458,7 @@ def _plan_tables(p: int, q: int, r: int, head_type: str, inverse: bool) -> tuple
     """:func:`_sandwich_plan` of ``Cl(p, q, r)`` as plain values: ``((shape, values),) * 3 + (sign,)``."""
     key = (p, q, r, head_type, inverse)
     if key not in _PLAN_TABLES:
-        plan = _sandwich_plan(CliffordAlgebra(p, q, r, compile=False), head_type, inverse)
+        plan = _sandwich_plan(shared_algebra(p, q, r, compile=False), head_type, inverse)
         _PLAN_TABLES[key] = (*((tuple(t.shape), tuple(t.flatten().tolist())) for t in plan[:3]), plan.sign)
     return _PLAN_TABLES[key]
 
@@ -1015,3 +992,56 @@ def _frame(q, k, v, algebra, causal, key_mask) -> Tensor:
     local = _frame_transform(k, v, T0, Tt, vec)  # into the key frames
     agg = _plain_attention(q, k, local.flatten(-2), algebra, causal, key_mask)
     return _frame_transform(q, agg.view(B, H, N, Cv, dim), T0, T, vec)
+
+
+# --------------------------------------------------------------------------- the built-in head types
+# Each: its kernels in the registry's signature (rotor_heads.py), then one register_head_type.
+def _factorised_kernel(head_type: str):
+    def kernel(q, k, v, algebra, *, causal, inverse, key_mask, chunk_size):
+        return _factorised(q, k, v, algebra, head_type, causal, inverse, key_mask, chunk_size)
+
+    return kernel
+
+
+def _reference_kernel(head_type: str, aggregation: str = "sum"):
+    def kernel(q, k, v, algebra, *, causal, inverse, key_mask, chunk_size):
+        return _reference(q, k, v, algebra, head_type, causal, inverse, key_mask, aggregation)
+
+    return kernel
+
+
+def _compose_kernel(q, k, v, algebra, *, causal, inverse, key_mask, chunk_size):
+    return _compose(q, k, v, algebra, causal, inverse, key_mask, chunk_size)
+
+
+def _projection_kernel(q, k, v, algebra, *, causal, inverse, key_mask, chunk_size):
+    return _projection(q, k, v, algebra, causal, key_mask)
+
+
+def _frame_kernel(q, k, v, algebra, *, causal, inverse, key_mask, chunk_size):
+    return _frame(q, k, v, algebra, causal, key_mask)
+
+
+register_head_type(
+    HeadType(
+        "rotation",
+        _factorised_kernel("rotation"),
+        _reference_kernel("rotation"),
+        inverse=True,
+        compose=(_compose_kernel, _reference_kernel("rotation", "compose")),
+    )
+)
+register_head_type(
+    HeadType("reflection", _factorised_kernel("reflection"), _reference_kernel("reflection"), inverse=True)
+)
+register_head_type(HeadType("projection", _projection_kernel, _reference_kernel("projection")))
+register_head_type(
+    HeadType(
+        "frame",
+        _frame_kernel,
+        _reference_kernel("frame"),
+        signatures=((3, 0, 0),),
+        why="a frame is x, y, x × y",
+        min_channels=2,
+    )
+)

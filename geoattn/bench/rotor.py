@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.rotor_kernel import HEAD_TYPES, rotor_attention
+from geoattn.attention.rotor_heads import head_type_names
+from geoattn.attention.rotor_kernel import rotor_attention
 from geoattn.bench.common import (
     CLOCKS,
     interleaved_times,
@@ -35,7 +36,7 @@ from geoattn.formatting import format_table
 
 # the reference builds (H, block, N, C, 8) products block by block: beyond these N it takes minutes
 REFERENCE_MAX_N = {"forward": 512, "forward+backward": 256}
-ROWS = (*HEAD_TYPES, "compose")  # compose: a rotation head aggregating by rotor composition
+ROWS = (*head_type_names(), "compose")  # compose: a rotation head aggregating by rotor composition
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -3,10 +3,10 @@ then aggregated into ``results/NAME.md`` and ``results/NAME_*.png`` (``geoattn e
 
 spec.py     the experiment file: base settings, cells, seeds, metrics, comparisons, plots
 runner.py   plan (what is done, what resumes, what is new) and execution (in process or parallel)
-report.py   mean ± std per cell, every seed's number, verdicts by the two-standard-error rule, plots
+report.py   mean ± std per cell, every seed's number, verdicts by Welch's t-test, plots
 """
 
-from geoattn.experiments.report import Comparison, aggregate, verdict, write_report
+from geoattn.experiments.report import Comparison, aggregate, rewrite_verdicts, verdict, welch, write_report
 from geoattn.experiments.runner import RunPlan, execute, plan
 from geoattn.experiments.spec import ExperimentSpec, load_spec
 
@@ -19,5 +19,7 @@ __all__ = [
     "Comparison",
     "aggregate",
     "verdict",
+    "welch",
+    "rewrite_verdicts",
     "write_report",
 ]

@@ -1,8 +1,11 @@
 """Aggregating an experiment: mean ± std over seeds per cell, every seed's number, verdicts, plots.
 
-The verdict rule (stated in every report): a difference between two cells is called real only when
-``|mean_a − mean_b| > 2 · SE``, ``SE = sqrt(s_a²/n_a + s_b²/n_b)`` with the sample standard
-deviations ``s`` (n − 1 in the denominator); with fewer than two seeds on a side there is no verdict.
+The verdict rule (stated in every report): Welch's t-test, two-sided. With the sample standard
+deviations ``s`` (n − 1 in the denominator), ``SE = sqrt(s_a²/n_a + s_b²/n_b)``, ``t = (mean_a −
+mean_b) / SE`` and the Welch–Satterthwaite degrees of freedom
+``df = SE⁴ / ((s_a²/n_a)²/(n_a − 1) + (s_b²/n_b)²/(n_b − 1))``, a difference is called real only when
+``p < 0.05``. At two or three seeds a side df is 1–4, where the critical |t| is 2.8–12.7, not 2.
+With one seed on a side, or no spread on either side (t undefined), there is no verdict.
 """
 
 from __future__ import annotations
@@ -15,14 +18,19 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from geoattn.errors import ConfigError
 from geoattn.experiments.runner import RunPlan
 from geoattn.experiments.spec import ExperimentSpec
 from geoattn.formatting import format_table, significant
 from geoattn.training.run_dir import RunDirectory
 
+ALPHA = 0.05
 VERDICT_RULE = (
-    "A difference is called real only when |mean_a − mean_b| > 2 SE, SE = sqrt(s_a²/n_a + s_b²/n_b) "
-    "(sample standard deviations over seeds); otherwise: no measurable difference."
+    "Welch's t-test, two-sided: a difference is called real only when p < 0.05, with "
+    "t = (mean_a − mean_b) / SE, SE = sqrt(s_a²/n_a + s_b²/n_b) (sample standard deviations over seeds) "
+    "and the Welch–Satterthwaite degrees of freedom df = SE⁴ / ((s_a²/n_a)²/(n_a − 1) + "
+    "(s_b²/n_b)²/(n_b − 1)); otherwise: no measurable difference. With one seed on a side, or no "
+    "spread on either side, there is no test and no verdict."
 )
 
 
@@ -79,6 +87,8 @@ def aggregate(spec: ExperimentSpec, plans: list[RunPlan]) -> dict[str, dict[str,
 
 @dataclass
 class Comparison:
+    """Cell a against cell b on one metric, with Welch's t-test (NaN where it is undefined)."""
+
     a: str
     b: str
     metric: str
@@ -86,25 +96,65 @@ class Comparison:
     se: float
     n_a: int
     n_b: int
+    t: float = math.nan
+    df: float = math.nan
+    p: float = math.nan
 
 
-def verdict(comparison: Comparison, higher_is_better: bool = False) -> str:
-    """One sentence no stronger than the spread allows (see ``VERDICT_RULE``)."""
+def welch(a: list[float], b: list[float]) -> tuple[float, float, float, float, float]:
+    """Welch's two-sided t-test of two samples: ``(mean_a − mean_b, SE, t, df, p)``.
+
+    NaN for SE, t, df and p when a side has fewer than two values; SE = 0 and NaN t, df, p when
+    neither side has any spread (the test is undefined there)."""
+    n_a, n_b = len(a), len(b)
+    diff = (statistics.fmean(a) if a else math.nan) - (statistics.fmean(b) if b else math.nan)
+    if n_a < 2 or n_b < 2:
+        return diff, math.nan, math.nan, math.nan, math.nan
+    va, vb = statistics.variance(a) / n_a, statistics.variance(b) / n_b
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return diff, 0.0, math.nan, math.nan, math.nan
+    df = (va + vb) ** 2 / (va**2 / (n_a - 1) + vb**2 / (n_b - 1))
+    t = diff / se
+    return diff, se, t, df, two_sided_p(t, df)
+
+
+def two_sided_p(t: float, df: float) -> float:
+    """``P(|T| ≥ |t|)`` for Student's t with ``df`` (real, > 0) degrees of freedom."""
+    from scipy.stats import t as student_t
+
+    return float(2 * student_t.sf(abs(t), df))
+
+
+def verdict(comparison: Comparison, higher_is_better: bool = False, descriptive: bool = False) -> str:
+    """One sentence no stronger than Welch's test allows (see ``VERDICT_RULE``); a ``descriptive``
+    metric (one that measures, not scores) is called higher or lower, not better or worse."""
     c = comparison
     head = f"{c.a} − {c.b} on {c.metric}: {c.diff:+.4g}"
     if c.n_a < 2 or c.n_b < 2 or math.isnan(c.se):
-        return f"{head} (n = {c.n_a}, {c.n_b}): too few seeds for a verdict."
-    head += f" ± {c.se:.2g} (SE; n = {c.n_a}, {c.n_b})"
-    if abs(c.diff) <= 2 * c.se:
-        return f"{head}: no measurable difference (within 2 SE)."
-    better = (c.diff > 0) == higher_is_better
-    return f"{head}: {c.a} is {'better' if better else 'worse'} (beyond 2 SE)."
+        return f"{head} (n = {c.n_a}, {c.n_b}): too few seeds for a test (one seed on a side): no verdict."
+    if c.se == 0:
+        return f"{head} (n = {c.n_a}, {c.n_b}): no spread on either side, so no test: " + (
+            "identical values." if c.diff == 0 else "no verdict."
+        )
+    head += f" ± {c.se:.2g} (SE; n = {c.n_a}, {c.n_b}; Welch t = {c.t:+.2f}, df = {c.df:.1f}, p = {_p(c.p)})"
+    if not c.p < ALPHA:
+        return f"{head}: no measurable difference (p ≥ {ALPHA:g})."
+    if descriptive:
+        word = "higher" if c.diff > 0 else "lower"
+    else:
+        word = "better" if (c.diff > 0) == higher_is_better else "worse"
+    return f"{head}: {c.a} is {word} (p < {ALPHA:g})."
+
+
+def _p(p: float) -> str:
+    return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
 
 
 def compare(table: dict[str, dict[str, Stat]], a: str, b: str, metric: str) -> Comparison:
     sa, sb = table[a].get(metric, Stat([])), table[b].get(metric, Stat([]))
-    se = math.sqrt(sa.std**2 / sa.n + sb.std**2 / sb.n) if sa.n > 1 and sb.n > 1 else math.nan
-    return Comparison(a, b, metric, sa.mean - sb.mean, se, sa.n, sb.n)
+    diff, se, t, df, p = welch(sa.values, sb.values)
+    return Comparison(a, b, metric, diff, se, sa.n, sb.n, t, df, p)
 
 
 def _curve_points(stats: dict[str, Stat], prefix: str) -> list[tuple[float, str]]:
@@ -189,14 +239,7 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
         ),
         "",
     ]
-    if spec.compare:
-        lines += ["## Verdicts", "", VERDICT_RULE, ""]
-        for entry in spec.compare:
-            comparison = compare(table, entry["a"], entry["b"], entry["metric"])
-            lines.append(f"* {verdict(comparison, entry['metric'] in spec.higher_is_better)}")
-        lines.append("")
-    if spec.conclusion:
-        lines += ["## Reading", "", spec.conclusion.strip(), ""]
+    lines += _verdicts_and_reading(spec, table)
     for entry in spec.plots:
         name = f"{spec.name}_{re.sub(r'[^A-Za-z0-9]+', '_', entry['metric']).strip('_')}.png"
         _plot(spec, table, entry, results / name)
@@ -217,6 +260,69 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
     ]
     path = results / f"{spec.name}.md"
     path.write_text("\n".join(lines))
+    return path
+
+
+def _verdicts_and_reading(
+    spec: ExperimentSpec, table: dict[str, dict[str, Stat]], note: str = ""
+) -> list[str]:
+    """The report's "Verdicts" (one line per ``[[compare]]``) and "Reading" (the conclusion) sections."""
+    lines = []
+    if spec.compare:
+        lines += ["## Verdicts", "", VERDICT_RULE + (f" {note}" if note else ""), ""]
+        for entry in spec.compare:
+            comparison = compare(table, entry["a"], entry["b"], entry["metric"])
+            metric = entry["metric"]
+            line = verdict(comparison, metric in spec.higher_is_better, metric in spec.descriptive)
+            lines.append(f"* {line}")
+        lines.append("")
+    if spec.conclusion:
+        lines += ["## Reading", "", spec.conclusion.strip(), ""]
+    return lines
+
+
+EVERY_SEED = "<details><summary>Every seed</summary>"
+
+
+def read_every_seed(path: Path) -> dict[str, dict[str, Stat]]:
+    """``{cell: {metric: Stat}}`` from the "Every seed" table of a written report (``–`` cells skipped).
+
+    The table's numbers carry four significant digits, so statistics recomputed from it can differ
+    from the runs' in the last digits."""
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if EVERY_SEED not in text:
+        raise ConfigError(f"{path} has no 'Every seed' table to recompute the verdicts from")
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in text.split(EVERY_SEED, 1)[1].split("</details>", 1)[0].splitlines()
+        if line.startswith("|")
+    ]
+    if len(rows) < 2 or rows[0][:2] != ["cell", "seed"]:
+        raise ConfigError(f"{path}: the 'Every seed' table does not start with the columns cell, seed")
+    header, table = rows[0], {}
+    for row in rows[2:]:  # rows[1] is the |---| line
+        for metric, value in zip(header[2:], row[2:]):
+            if value not in ("–", ""):
+                table.setdefault(row[0], {}).setdefault(metric, Stat([])).values.append(float(value))
+    return table
+
+
+def rewrite_verdicts(spec: ExperimentSpec, results: Path) -> Path:
+    """Rewrite the "Verdicts" and "Reading" sections of ``results/NAME.md`` from its own "Every seed"
+    table (the runs need not be on this machine) and the spec's ``[[compare]]`` and conclusion; the
+    rest of the report is left as it is. Returns the path."""
+    path = results / f"{spec.name}.md"
+    table = read_every_seed(path)
+    for entry in spec.compare:
+        for side in ("a", "b"):
+            table.setdefault(entry[side], {})
+    lines = path.read_text(encoding="utf-8").split("\n")
+    starts = [i for i, line in enumerate(lines) if line in ("## Verdicts", "## Reading")]
+    end = next(i for i, line in enumerate(lines) if line.startswith("![") or line == EVERY_SEED)
+    start = starts[0] if starts else end
+    note = "(Recomputed from the every-seed table below, four significant digits per value.)"
+    lines[start:end] = _verdicts_and_reading(spec, table, note)
+    path.write_text("\n".join(lines), encoding="utf-8")
     return path
 
 

@@ -6,6 +6,8 @@ Example::
     conclusion = "..."                           # the reading, written after looking at the numbers
     seeds = [1, 2, 3]
     metrics = ["val_loss_full", "wall_s"]        # keys of each run's summary / evaluation
+    higher_is_better = ["accuracy"]              # verdicts: higher is better (default: lower is)
+    descriptive = ["key_norm_ratio"]             # verdicts say higher / lower, not better / worse
     evaluate = true                              # also store the task's evaluation table per run
 
     [base]                                       # TrainConfig fields shared by every cell
@@ -76,6 +78,7 @@ TOP_KEYS = {
     "seeds",
     "metrics",
     "higher_is_better",
+    "descriptive",
     "evaluate",
     "base",
     "cells",
@@ -117,6 +120,7 @@ class ExperimentSpec:
     compare: list[dict[str, str]] = field(default_factory=list)
     plots: list[dict[str, str]] = field(default_factory=list)
     higher_is_better: list[str] = field(default_factory=list)
+    descriptive: list[str] = field(default_factory=list)
     evaluate: bool = False
 
     def config(self, cell: Cell, seed: int, runs: Path) -> dict[str, Any]:
@@ -248,6 +252,7 @@ def load_spec(name: str) -> ExperimentSpec:
         compare=compare,
         plots=plots,
         higher_is_better=list(doc.get("higher_is_better", [])),
+        descriptive=list(doc.get("descriptive", [])),
         evaluate=bool(doc.get("evaluate", False)),
     )
     for cell in cells:  # every cell must build a valid TrainConfig (types, ranges, the task exists)

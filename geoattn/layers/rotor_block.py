@@ -11,21 +11,9 @@ import torch
 from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.rotor_kernel import AGGREGATIONS, HEAD_TYPES, rotor_attention
-from geoattn.errors import ConfigError
+from geoattn.attention.rotor_heads import HEADS, check_head_types
+from geoattn.attention.rotor_kernel import rotor_attention
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
-
-
-def check_aggregation(owner: str, aggregation: str, head_types: tuple[str, ...]) -> None:
-    """ConfigError (a ValueError) naming ``owner``'s ``aggregation`` when it is unknown, or when it is
-    ``"compose"`` and no head is a rotation head (compose aggregates rotation heads only)."""
-    if aggregation not in AGGREGATIONS:
-        raise ConfigError(f"{owner}: unknown aggregation {aggregation!r}, expected one of {AGGREGATIONS}")
-    if aggregation == "compose" and "rotation" not in head_types:
-        raise ConfigError(
-            f"{owner}: aggregation='compose' applies to 'rotation' heads: it needs rotation heads, "
-            f"and head_types {tuple(head_types)} has none"
-        )
 
 
 class RotorPositionalEncoding(nn.Module):
@@ -83,14 +71,15 @@ class RotorAttention(nn.Module):
     Args:
         algebra: the algebra of the channels.
         channels: multivector channels C of input and output; scalars: invariant scalar channels S.
-        head_types: one entry of ``HEAD_TYPES`` per head (``"frame"``: Cl(3) and ≥ 2 head channels).
+        head_types: one registered head type per head (``geoattn.attention.rotor_heads``; e.g.
+            ``"frame"`` needs Cl(3) and ≥ 2 head channels).
         head_channels: multivector channels per head (q, k and v).
         causal: attend to earlier tokens only. inverse: key → query rotors (rotation heads).
         positional_encoding: rotate q, k by :class:`RotorPositionalEncoding` (breaks equivariance;
             needs ``positions`` in forward).
-        aggregation: ``"sum"`` or ``"compose"``: how the rotation heads aggregate (``"compose"``: one
-            mean rotor per query applied to the weighted mean value, SPEC §2.5); other head types
-            always sum. ``"compose"`` needs at least one rotation head.
+        aggregation: ``"sum"`` or ``"compose"``: how the heads that compose (rotation) aggregate
+            (``"compose"``: one mean rotor per query applied to the weighted mean value, SPEC §2.5);
+            other head types always sum. ``"compose"`` needs at least one such head.
 
     forward(x ``(B, N, C, dim)``, s ``(B, N, S)`` | None, mask ``(B, N)`` bool | None (True = real
     token), positions ``(N,)`` | ``(B, N)`` | None) → (``(B, N, C, dim)``, ``(B, N, S)`` | None).
@@ -110,18 +99,15 @@ class RotorAttention(nn.Module):
         aggregation: str = "sum",
     ):
         super().__init__()
-        head_types = tuple(head_types)
-        if not head_types:
-            raise ValueError("RotorAttention needs at least one head in head_types")
-        check_aggregation("RotorAttention", aggregation, head_types)
-        for t in head_types:
-            if t not in HEAD_TYPES:
-                raise ValueError(f"RotorAttention: unknown head type {t!r}, expected one of {HEAD_TYPES}")
-        if "frame" in head_types and ((algebra.p, algebra.q, algebra.r) != (3, 0, 0) or head_channels < 2):
-            raise ValueError(
-                f"RotorAttention: 'frame' heads need Cl(3) and head_channels ≥ 2, got {algebra!r}, "
-                f"head_channels={head_channels}"
-            )
+        signature = (algebra.p, algebra.q, algebra.r)
+        head_types = check_head_types(
+            "RotorAttention",
+            head_types,
+            signature,
+            head_channels,
+            algebra=repr(algebra),
+            aggregation=aggregation,
+        )
         self.algebra, self.channels, self.scalars = algebra, channels, scalars
         self.head_types, self.head_channels = head_types, head_channels
         self.causal, self.inverse, self.aggregation = causal, inverse, aggregation
@@ -170,9 +156,9 @@ class RotorAttention(nn.Module):
                 algebra=self.algebra,
                 head_type=t,
                 causal=self.causal,
-                inverse=self.inverse and t in ("rotation", "reflection"),
+                inverse=self.inverse and HEADS[t].inverse,
                 key_mask=mask,
-                aggregation=self.aggregation if t == "rotation" else "sum",
+                aggregation=self.aggregation if HEADS[t].compose is not None else "sum",
             )
             for t, idx in self.groups.items()
         ]

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geoattn.algebra.rotation import rope_angles, rope_frequencies, rotate_pairs
+from geoattn.attention.rt import rt_attention_qkv
 from geoattn.layers.common import (
     causal_softmax,
     check_input,
@@ -92,6 +93,21 @@ class CausalSelfAttention(nn.Module):
 
     ``forward(x (B, T, C), positions (T,) | (B, T) | None) -> (B, T, C)``. RoPE rotates q and k by
     ``rotate_pairs`` with the standard spectrum ``rope_base^(−2k/D)`` at the (float) token times.
+
+    Two of the RT paper's changes can be added here one at a time (the rt-predictions experiment);
+    either replaces the logit ``q·k/sqrt(D)`` by RT-Filter's without process noise,
+    ``log κ_j + β κ_j (⟨q̂_i, k̂_j⟩ − 1)``, computed by ``rt_attention_qkv`` on the RoPE-rotated q, k
+    (values are not transported, as here), with learned per-head ``β`` (init sqrt(D)) and ``η²``
+    (init 1) and no attention dropout:
+
+    * ``magnitude_precision``: ``κ_j = m_j²/η²`` with ``m_j = sqrt(H)·|k_j|`` (RTAttention's scale);
+      values stay raw. The logit reads q and k through their directions, which is how the precision
+      is defined (the magnitude is the confidence, the direction the measurement).
+    * ``qkv_norm``: q, k and v normalised after projection: ``κ = 1/η²`` (no magnitude), unit values;
+      ``β/η²`` is the learned logit scale that unit q, k need (``1/sqrt(D)`` on a cosine would leave
+      the softmax almost uniform).
+
+    Both together are RT-Filter attention with separable precision, without value transport.
     """
 
     def __init__(
@@ -104,12 +120,19 @@ class CausalSelfAttention(nn.Module):
         causal: bool = True,
         dropout: float = 0.0,
         alibi: bool = False,
+        magnitude_precision: bool = False,
+        qkv_norm: bool = False,
     ):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"n_embd={n_embd} is not a multiple of n_head={n_head}")
         if alibi and rope:
             raise ValueError("alibi and rope are two position schemes; choose one")
+        self.rt_logit = magnitude_precision or qkv_norm
+        if alibi and self.rt_logit:
+            raise ValueError(
+                "alibi adds a bias to the dot-product logit; magnitude_precision and qkv_norm replace it"
+            )
         self.n_embd, self.n_head, self.causal, self.dropout = n_embd, n_head, causal, dropout
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=False)
         self.c_proj = nn.Linear(n_embd, n_embd, bias=False)
@@ -122,6 +145,12 @@ class CausalSelfAttention(nn.Module):
         # standard length-extrapolation baseline
         slopes = 2.0 ** (-8.0 * torch.arange(1, n_head + 1) / n_head) if alibi else None
         self.register_buffer("alibi_slopes", slopes, persistent=False)
+        self.magnitude_precision, self.qkv_norm = magnitude_precision, qkv_norm
+        if self.rt_logit:
+            head_dim = n_embd // n_head
+            self.log_eta_t2 = nn.Parameter(torch.zeros(n_head))
+            self.log_beta = nn.Parameter(torch.full((n_head,), 0.5 * math.log(head_dim)))
+            self.key_scale = math.sqrt(n_head) if magnitude_precision else None
 
     def _qkv(self, x: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         check_input(x, self.n_embd)
@@ -151,8 +180,27 @@ class CausalSelfAttention(nn.Module):
             bias = bias.masked_fill(future, float("-inf"))
         return bias.to(x.dtype)
 
+    def _rt(self, q: Tensor, k: Tensor, v: Tensor, backend: str, return_weights: bool):
+        """RT-Filter's logit on ``q, k, v (B, H, T, D)`` (see the class docstring)."""
+        zeros = torch.zeros_like(self.log_beta)
+        return rt_attention_qkv(
+            torch.stack((q, k, v)).permute(1, 3, 0, 2, 4),  # (B, T, 3, H, D)
+            key_scale=self.key_scale,
+            mu_r=zeros,
+            sigma_t2=zeros,
+            eta_t2=self.log_eta_t2.exp(),
+            beta=self.log_beta.exp(),
+            causal=self.causal,
+            backend=backend,
+            return_weights=return_weights,
+            normalize_values=self.qkv_norm,
+            structure="separable",
+        )
+
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         q, k, v = self._qkv(x, positions)
+        if self.rt_logit:
+            return self.resid_dropout(self.c_proj(merge_heads(self._rt(q, k, v, "auto", False))))
         alibi = self.alibi_slopes is not None
         y = F.scaled_dot_product_attention(
             q,
@@ -167,7 +215,9 @@ class CausalSelfAttention(nn.Module):
 
     def attention_weights(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """The explicit softmax weights ``(B, H, T, T)`` (what SDPA computes without materialising)."""
-        q, k, _ = self._qkv(x, positions)
+        q, k, v = self._qkv(x, positions)
+        if self.rt_logit:
+            return self._rt(q, k, v, "reference", True)[1]
         logits = q @ k.transpose(-2, -1) * self.logit_scale(q.shape[-1])
         if self.alibi_slopes is not None:
             logits = logits + self._alibi_bias(x, positions)

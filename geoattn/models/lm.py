@@ -67,10 +67,17 @@ class LMConfig:
         causal: causal attention (False for set-like inputs such as n-body).
         norm: ``"layernorm"`` (nanoGPT, bias-free) or ``"rmsnorm"``; pre-norm models only.
 
+    The RT paper's changes, each switchable alone (None: the model's own choice, on for ``rt``, off
+    for ``transformer``; ``rfa`` and ``ngpt`` ignore the first two):
+        magnitude_precision: key magnitudes set the precision κ_j ∝ |k_j|² (False: unit keys). On a
+            ``transformer``: RT-Filter's logit on the RoPE-rotated q, k, values raw
+            (``CausalSelfAttention``).
+        qkv_norm: ``rt``: the kernel normalises values too (False: raw values are averaged; q, k stay
+            unit, the precision needs their directions). ``transformer``: q, k and v normalised
+            after projection, with a learned logit scale.
+
     Hypersphere fields (``rt``; ``alpha_init`` and ``step`` also ``ngpt``, whose update is always nGPT's
     own ``o − h``, i.e. no tangent correction):
-        magnitude_precision: key magnitudes set the precision κ_j ∝ |k_j|² (False: unit keys).
-        qkv_norm: the kernel normalises values too (False: raw values are averaged; q, k stay unit).
         tangent_correction: step along ``o − ⟨o,h⟩h`` (False: nGPT's ``o − h``); None: the model's
             own choice (rt's sphere block: True; every other block: False). On a pre-norm block
             (``transformer``, ``rfa``, ``rt`` with ``residual="prenorm"``) True removes the sublayer
@@ -97,8 +104,8 @@ class LMConfig:
     rope_base: float = 10000.0
     causal: bool = True
     norm: str = "layernorm"
-    magnitude_precision: bool = True
-    qkv_norm: bool = True
+    magnitude_precision: bool | None = None
+    qkv_norm: bool | None = None
     tangent_correction: bool | None = None
     residual: str = "sphere"
     process_noise: bool = True
@@ -269,6 +276,8 @@ def build_backbone(name: str, config: LMConfig) -> Backbone:
                     causal=c.causal,
                     dropout=c.dropout,
                     alibi=c.pos == "alibi",
+                    magnitude_precision=bool(c.magnitude_precision),
+                    qkv_norm=bool(c.qkv_norm),
                 ),
                 make_mlp(c.mlp, c.n_embd, c.mlp_hidden, c.dropout),
                 c.n_embd,
@@ -307,8 +316,8 @@ def build_backbone(name: str, config: LMConfig) -> Backbone:
         return Backbone(c, blocks, sphere=True)
     rt_attention_options = dict(
         causal=c.causal,
-        magnitude_precision=c.magnitude_precision,
-        qkv_norm=c.qkv_norm,
+        magnitude_precision=c.magnitude_precision is not False,
+        qkv_norm=c.qkv_norm is not False,
         process_noise=c.process_noise,
         rotation=rope,
         learn_omega=c.learn_omega,

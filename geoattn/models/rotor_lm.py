@@ -48,26 +48,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.rotor_kernel import HEAD_TYPES
+from geoattn.algebra.named import ALGEBRAS, algebra_signature, named_algebra
+from geoattn.attention.rotor_heads import DEFAULT_HEAD_CYCLE, check_head_types, default_head_types
 from geoattn.errors import ConfigError
 from geoattn.layers.common import check_input, default_positions
 from geoattn.layers.multivector import GeometricMLP, GradeLayerNorm, MultivectorEmbedding
-from geoattn.layers.rotor_block import RotorAttention, check_aggregation
+from geoattn.layers.rotor_block import RotorAttention
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LanguageModel
 from geoattn.settings import settings_from
 
-ALGEBRAS = {"cl3": (3, 0, 0), "cl4": (4, 0, 0), "pga": (3, 0, 1)}
-DEFAULT_HEAD_CYCLE = ("rotation", "reflection", "projection", "rotation")
 ATTENTION_INPUT_GAIN = 2.0  # initial gain of each block's attention input norm (see RotorLMBlock)
 ROTOR_LM_DESCRIPTION = "RotorLM: multivector tokens, causal rotor attention with rotor positions (seed 004)"
 
 
 def algebra_dim(name: str) -> int:
     """``2ⁿ``, the numbers per multivector channel of the algebra setting ``name``."""
-    if name not in ALGEBRAS:
-        raise ConfigError(f"RotorLMConfig.algebra must be one of {tuple(ALGEBRAS)}, got {name!r}")
-    return 2 ** sum(ALGEBRAS[name])
+    return 2 ** sum(algebra_signature(name, "RotorLMConfig.algebra"))
 
 
 @dataclass
@@ -81,8 +78,8 @@ class RotorLMConfig:
         n_layer: blocks.
         channels: multivector channels C (from_sizes: n_embd / 2ⁿ).
         scalars: invariant scalar channels S (from_sizes: n_embd).
-        head_types: one of rotation, reflection, projection, frame per head (frame: Cl(3) only); a
-            list, or one string with commas.
+        head_types: one registered head type per head (rotation, reflection, projection, frame, …;
+            frame: Cl(3) only); a list, or one string with commas.
         head_channels: multivector channels per head (q, k and v).
         aggregation: how rotation heads aggregate their values: ``"sum"`` (``Σ_j α_ij R_ij v_j R̃_ij``) or
             ``"compose"`` (one mean rotor per query, ``R̄_i (Σ_j α_ij v_j) R̄_i~``, SPEC §2.5; needs a
@@ -131,20 +128,14 @@ class RotorLMConfig:
             raise ConfigError(
                 f"RotorLMConfig.mlp_scalars must be a positive integer or None, got {self.mlp_scalars!r}"
             )
-        if not self.head_types or any(t not in HEAD_TYPES for t in self.head_types):
-            raise ConfigError(
-                f"RotorLMConfig.head_types must be a non-empty list of {HEAD_TYPES}, got {self.head_types}"
-            )
-        if "frame" in self.head_types and self.algebra != "cl3":
-            raise ConfigError(
-                f"RotorLMConfig.head_types: 'frame' heads need algebra='cl3' (a frame is x, y, x × y), "
-                f"got algebra={self.algebra!r}"
-            )
-        if "frame" in self.head_types and self.head_channels < 2:
-            raise ConfigError(
-                f"RotorLMConfig.head_channels must be ≥ 2 for 'frame' heads, got {self.head_channels}"
-            )
-        check_aggregation("RotorLMConfig", self.aggregation, self.head_types)
+        self.head_types = check_head_types(
+            "RotorLMConfig.head_types",
+            self.head_types,
+            ALGEBRAS[self.algebra],
+            self.head_channels,
+            algebra=f"algebra={self.algebra!r}",
+            aggregation=self.aggregation,
+        )
         for name, valid in (
             ("pos", ("rotor", "none")),
             ("norm", ("per_grade", "joint")),
@@ -163,9 +154,10 @@ class RotorLMConfig:
 
         ``n_embd`` counts numbers per token in multivector channels: ``channels = n_embd / dim``
         (``dim = 2ⁿ`` of ``model.algebra``: 8 in Cl(3), 16 in Cl(4) and PGA), a ConfigError if it does
-        not divide (unless ``model.channels`` is set); ``n_head`` heads cycling through rotation,
-        reflection, projection, rotation with ``channels / n_head`` channels each; ``scalars = n_embd``
-        invariant scalars. Then the user's ``model.*`` options, then ``fixed`` (the task's).
+        not divide (unless ``model.channels`` is set); ``n_head`` heads cycling through
+        ``DEFAULT_HEAD_CYCLE`` (rotation, rotation, reflection, projection) with ``channels / n_head``
+        channels each; ``scalars = n_embd`` invariant scalars. Then the user's ``model.*`` options,
+        then ``fixed`` (the task's).
         """
         options = dict(options or {})
         dim = algebra_dim(options.get("algebra", "cl3"))
@@ -187,7 +179,7 @@ class RotorLMConfig:
             "n_layer": sizes.n_layer,
             "channels": channels,
             "scalars": sizes.n_embd,
-            "head_types": tuple(DEFAULT_HEAD_CYCLE[i % len(DEFAULT_HEAD_CYCLE)] for i in range(sizes.n_head)),
+            "head_types": default_head_types(sizes.n_head),
             "head_channels": max(1, channels // sizes.n_head) if isinstance(channels, int) else 1,
             "block_size": sizes.block_size,
             "dropout": sizes.dropout,
@@ -195,7 +187,7 @@ class RotorLMConfig:
         return settings_from(cls, options, prefix="model", fixed=fixed, defaults=defaults)
 
     def make_algebra(self) -> CliffordAlgebra:
-        return CliffordAlgebra(*ALGEBRAS[self.algebra])
+        return named_algebra(self.algebra)
 
 
 # ------------------------------------------------------------------------------------------------

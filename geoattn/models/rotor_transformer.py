@@ -17,15 +17,16 @@ import torch
 from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.rotor_kernel import HEAD_TYPES
+from geoattn.algebra.named import algebra_signature, named_algebra
+from geoattn.attention.rotor_heads import DEFAULT_HEAD_CYCLE, check_head_types, default_head_types
 from geoattn.errors import ConfigError
 from geoattn.layers.multivector import EquiLinear
-from geoattn.layers.rotor_block import RotorBlock, check_aggregation
+from geoattn.layers.rotor_block import RotorBlock
 from geoattn.models.base import ModelSizes
 from geoattn.settings import settings_from
 
-ALGEBRAS = {"cl3": (3, 0, 0), "pga": (3, 0, 1)}
-DEFAULT_HEAD_CYCLE = ("rotation", "rotation", "reflection", "projection")
+# of the algebra table (geoattn.algebra.named): the ones whose vectors are the tasks' 3D points
+ALGEBRA_NAMES = ("cl3", "pga")
 
 
 @dataclass
@@ -48,7 +49,8 @@ class RotorTransformerConfig:
         channels: multivector channels of the model (from --n-embd: n_embd // 8, at least 2).
         scalars: invariant scalar channels beside them (from --n-embd: n_embd // 8; 0: none).
         n_layer: blocks (from --n-layer).
-        head_types: one of rotation, reflection, projection, frame per head (from --n-head, cycled).
+        head_types: one registered head type per head (rotation, reflection, projection, frame, …;
+            from --n-head, cycling through ``DEFAULT_HEAD_CYCLE``).
         head_channels: multivector channels per head in q, k and v (from --n-head: channels // n_head).
         mlp_ratio: hidden multivector channels of each block's geometric MLP / channels.
         inverse: rotation heads use key → query rotors (default query → key).
@@ -68,7 +70,7 @@ class RotorTransformerConfig:
     channels: int = 16
     scalars: int = 16
     n_layer: int = 4
-    head_types: tuple[str, ...] = ("rotation", "rotation", "reflection", "projection")
+    head_types: tuple[str, ...] = DEFAULT_HEAD_CYCLE
     head_channels: int = 4
     mlp_ratio: int = 2
     inverse: bool = False
@@ -76,11 +78,7 @@ class RotorTransformerConfig:
     aggregation: str = "sum"
 
     def __post_init__(self) -> None:
-        self.head_types = tuple(self.head_types)
-        if self.algebra not in ALGEBRAS:
-            raise ConfigError(
-                f"RotorTransformerConfig.algebra must be one of {tuple(ALGEBRAS)}, got {self.algebra!r}"
-            )
+        signature = algebra_signature(self.algebra, "RotorTransformerConfig.algebra", ALGEBRA_NAMES)
         for name in ("in_channels", "out_channels", "channels", "n_layer", "head_channels", "mlp_ratio"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -89,16 +87,14 @@ class RotorTransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"RotorTransformerConfig.{name} must be an integer ≥ 0, got {value!r}")
-        if not self.head_types or any(t not in HEAD_TYPES for t in self.head_types):
-            raise ConfigError(
-                f"RotorTransformerConfig.head_types must be a non-empty list of {HEAD_TYPES}, "
-                f"got {self.head_types}"
-            )
-        if "frame" in self.head_types and (self.algebra != "cl3" or self.head_channels < 2):
-            raise ConfigError(
-                "RotorTransformerConfig: 'frame' heads need algebra='cl3' and head_channels ≥ 2"
-            )
-        check_aggregation("RotorTransformerConfig", self.aggregation, self.head_types)
+        self.head_types = check_head_types(
+            "RotorTransformerConfig.head_types",
+            self.head_types,
+            signature,
+            self.head_channels,
+            algebra=f"algebra={self.algebra!r}",
+            aggregation=self.aggregation,
+        )
         if self.norm not in ("joint", "per_grade"):
             raise ConfigError(
                 f"RotorTransformerConfig.norm must be 'joint' or 'per_grade', got {self.norm!r}"
@@ -122,13 +118,13 @@ class RotorTransformerConfig:
             "n_layer": sizes.n_layer,
             "channels": channels,
             "scalars": channels,
-            "head_types": tuple(DEFAULT_HEAD_CYCLE[i % len(DEFAULT_HEAD_CYCLE)] for i in range(sizes.n_head)),
+            "head_types": default_head_types(sizes.n_head),
             "head_channels": max(2, channels // sizes.n_head),
         }
         return settings_from(cls, options, prefix="model", fixed=fixed, defaults=defaults)
 
     def make_algebra(self) -> CliffordAlgebra:
-        return CliffordAlgebra(*ALGEBRAS[self.algebra])
+        return named_algebra(self.algebra)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,10 @@ def load_run(
         raise CheckpointError(
             f"{directory.file(RunDirectory.CONFIG)} does not hold a valid TrainConfig ({err})"
         ) from None
+    heads = (saved.get("model") or {}).get("head_types")
+    if heads is not None and "head_types" not in config.model_options:
+        # a rotor run keeps the head types it was trained with, whatever today's default cycle
+        config = replace(config, model_options={**config.model_options, "head_types": list(heads)})
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is available")
     task = get_task(config, meta=saved["task"], load_data=load_data)

@@ -1,0 +1,66 @@
+"""A new rotor head type is one registry entry plus its kernel: an "identity" head, o_i = Σ_j α_ij v_j,
+registered here and run by the functional kernel, the layer and a model config, with no library edit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import random_o3_versor
+
+from geoattn.algebra.clifford_algebra import CliffordAlgebra
+from geoattn.attention.rotor_heads import HeadType, register_head_type, unregister_head_type
+from geoattn.attention.rotor_kernel import rotor_attention
+from geoattn.layers.rotor_block import RotorAttention
+from geoattn.models.rotor_lm import RotorLMConfig
+
+CL3 = CliffordAlgebra(3)
+
+
+def identity_kernel(q, k, v, algebra, *, causal, inverse, key_mask, chunk_size):
+    """``o_i = Σ_j α_ij v_j``: the rotor weights, values unmoved. q, k ``(B, H, N, C, dim)``,
+    v ``(B, H, N, Cv, dim)`` → ``(B, H, N, Cv, dim)``."""
+    B, H, N, C, dim = q.shape
+    logits = algebra.scalar_product(algebra.reverse(q)[:, :, :, None], k[:, :, None]).sum(-1)
+    logits = logits / math.sqrt(C * dim)  # (B, H, N, N)
+    allowed = torch.ones(N, N, dtype=torch.bool, device=q.device)
+    if causal:
+        allowed = allowed.tril()
+    if key_mask is not None:
+        allowed = allowed & key_mask[:, None, None, :]
+    alpha = logits.masked_fill(~allowed, float("-inf")).softmax(-1)
+    return torch.einsum("bhij,bhjcd->bhicd", alpha, v)
+
+
+@pytest.fixture
+def identity_head():
+    register_head_type(HeadType("identity", identity_kernel))
+    yield "identity"
+    unregister_head_type("identity")
+
+
+def test_a_registered_head_type_runs_everywhere(identity_head):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 1, 5, c, 8, dtype=torch.float64) for c in (3, 3, 2))
+    expected = identity_kernel(q, k, v, CL3, causal=True, inverse=False, key_mask=None, chunk_size=None)
+    for backend in ("auto", "reference"):
+        out = rotor_attention(q, k, v, algebra=CL3, head_type=identity_head, causal=True, backend=backend)
+        torch.testing.assert_close(out, expected)
+    # beside a built-in head in one layer: its head gives the identity head's sum, and the layer
+    # stays equivariant (α is invariant, v moves with the frame)
+    layer = RotorAttention(CL3, 4, [identity_head, "rotation"], head_channels=2).double()
+    qh, kh, vh = (torch.randn(3, 2, 6, 2, 8, dtype=torch.float64) for _ in range(3))
+    heads = layer._heads(qh, kh, vh, None)
+    none = dict(causal=False, inverse=False, key_mask=None, chunk_size=None)
+    torch.testing.assert_close(heads[:, :1], identity_kernel(qh[:, :1], kh[:, :1], vh[:, :1], CL3, **none))
+    x = torch.randn(3, 6, 4, 8, dtype=torch.float64)
+    g = random_o3_versor(CL3, 2, torch.float64, seed=1)
+    y, _ = layer(x)
+    y_moved, _ = layer(CL3.sandwich(g, x))
+    torch.testing.assert_close(y_moved, CL3.sandwich(g, y), atol=1e-10, rtol=1e-10)
+    y.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+    assert RotorLMConfig(head_types=(identity_head, "rotation")).head_types == ("identity", "rotation")
+    with pytest.raises(ValueError, match="inverse=True applies to .*not 'identity'"):
+        rotor_attention(q, k, v, algebra=CL3, head_type=identity_head, inverse=True)
