@@ -25,7 +25,10 @@ from geoattn.cli import build_parser  # noqa: E402
 
 log = logging.getLogger("mkdocs.plugins.geoattn")
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-LINKS = {"BENCHMARKS.md": "results/benchmarks.md"}
+# README links the docs pages as docs/PAGE.md; on the site they sit at the docs root.
+DOCS_LINKS = {f"docs/{p.relative_to(ROOT / 'docs').as_posix()}": p.relative_to(ROOT / "docs").as_posix()
+              for p in (ROOT / "docs").rglob("*.md")}
+LINKS = {"BENCHMARKS.md": "results/benchmarks.md", **DOCS_LINKS}
 
 
 def write(path: str, text: str) -> None:
@@ -39,10 +42,12 @@ def write_bytes(path: str, data: bytes) -> None:
 
 
 # ------------------------------------------------------------------ home, usage, CLI --------------
-write("index.md", sb.markdown_intro(README) + "\n" + sb.markdown_section(README, "Set-up: two commands"))
+home = sb.markdown_intro(README) + "\n" + sb.markdown_section(README, "Set-up: two commands")
+write("index.md", sb.rewrite_links(home, LINKS))
 usage = ["# Usage", ""]
 extras = "Hugging Face, TensorBoard, a documentation site (optional extras)"
-for heading in ("Use the layers", "Train, evaluate, sample, measure", extras):
+usage_sections = ("Use the layers", "What runs where", "The native build", "Train, evaluate, sample, measure")
+for heading in (*usage_sections, extras):
     usage.append(sb.markdown_section(README, heading))
 write("usage.md", sb.rewrite_links("\n".join(usage), LINKS))
 write("cli.md", sb.cli_reference(build_parser()))
@@ -68,6 +73,7 @@ for name in sorted(known - set(missing)):
 # ------------------------------------------------------------------ results and benchmarks -------
 section = sb.markdown_section(README, "Results").split("\n", 1)[1]  # without its "## Results" line
 reports = sorted((ROOT / "results").glob("*.md"))
+section = sb.rewrite_links(section, {old: f"../{new}" for old, new in DOCS_LINKS.items()})
 results = ["# Results", "", sb.rewrite_links(section, sb.results_page_links(p.name for p in reports))]
 if reports:
     results += ["## Experiment reports (`geoattn experiment`)", ""]
@@ -93,6 +99,7 @@ nav = [
     "    * [Rotors](concepts/rotors.md)",
     "    * [Rotor head types](concepts/head-types.md)",
     "* [Native CPU kernels](native.md)",
+    "* [Package layout](layout.md)",
     "* [Command line](cli.md)",
     "* API reference",
     *nav_api,
