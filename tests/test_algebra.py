@@ -106,8 +106,8 @@ def test_named_signatures():
 
 
 def test_public_tables_match_clifford(pair: Pair):
-    """The tables other modules use (SPEC §4): signs, invariant metric, multiplication matrices, blade
-    indices and grade slices, each against clifford's layout."""
+    """The tables other modules use (docs/concepts/rotors.md#the-algebra): signs, invariant metric,
+    multiplication matrices, blade indices and grade slices, each against clifford's layout."""
     alg, layout = pair.alg, pair.layout
     basis, distinct = np.eye(alg.dim), np.arange(1.0, alg.dim + 1)  # one call per clifford operation
     reverse_signs = (~layout.MultiVector(distinct)).value / distinct

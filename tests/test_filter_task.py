@@ -1,4 +1,5 @@
-"""The filter task: simulated data, reference estimators, batches and model wrappers (SPEC §1.1, §3)."""
+"""The filter task: simulated data, reference estimators, batches and model wrappers
+(docs/tasks.md#filter)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The language models and backbones of ``geoattn.models.lm`` (SPEC §1.4, §1.6, brief of issue #3)."""
+"""The language models and backbones of ``geoattn.models.lm`` (docs/concepts/rt-filter.md#baselines)."""
 
 from __future__ import annotations
 

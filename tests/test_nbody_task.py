@@ -1,4 +1,5 @@
-"""The nbody task: GATr's protocol, its simulator, the file format and the two models (SPEC §3)."""
+"""The nbody task: GATr's protocol, its simulator, the file format and the two models
+(docs/tasks.md#nbody)."""
 
 from __future__ import annotations
 

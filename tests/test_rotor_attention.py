@@ -1,4 +1,4 @@
-"""rotor_attention (SPEC §2.3–2.4, §4.1): the contract against the `clifford` package, reference == auto
+"""rotor_attention (docs/concepts/rotors.md): the contract against the `clifford` package, reference == auto
 (values and gradients), the antiparallel guard, equivariance of each head type, errors, and the bench."""
 
 from __future__ import annotations
@@ -361,8 +361,8 @@ def test_equivariance_under_rotations_and_reflections(ga, head_type, dtype, tol)
     """O(3) elements (products of 1, 2, 3 vectors) acting on every channel commute with the kernel.
 
     The frame head too: a reflection flips z = x × y in both frames, so the relative rotor
-    F_i F̃_j is conjugated by g and the head is O(3)-, not only SO(3)-equivariant (SPEC §2.4 expected
-    otherwise; tested here as it is)."""
+    F_i F̃_j is conjugated by g and the head is O(3)-, not only SO(3)-equivariant
+    (docs/concepts/rotors.md#frame-transport)."""
     q, k, v = _conditioned_qkv(ga, head_type, seed=5, margin=0.05, N=5, dtype=dtype)
     tol = 1e-4 if ga.r and dtype == torch.float32 else tol  # see PGA_FLOAT32_TOL in test_rotor_layers.py
     for n_vectors, backend in itertools.product((1, 2, 3), ("auto", "reference")):
@@ -373,7 +373,7 @@ def test_equivariance_under_rotations_and_reflections(ga, head_type, dtype, tol)
         assert _rel(moved, expected) < tol, (n_vectors, backend)
 
 
-# ---------------------------------------------------------------------------- compose (SPEC §2.5)
+# ---------------------------------------------------------------------------- compose (rotors.md#compose)
 def _compose_oracle(q, k, v):
     """One compose head written with the `clifford` package (numpy float64): θ from arccos, B̂ from the
     normalised wedge, the mean rotor from cos / sin of the mean bivector's size."""

@@ -107,7 +107,8 @@ def test_rotor_attention_layer_is_equivariant(ga, dtype):
 @pytest.mark.parametrize("ga", ALGEBRAS, ids=ids)
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_rotor_attention_layer_with_compose_is_equivariant(ga, dtype):
-    """aggregation="compose" on the rotation heads (SPEC §2.5), mixed with a summing projection head."""
+    """aggregation="compose" on the rotation heads (docs/concepts/rotors.md#compose), mixed with a summing
+    projection head."""
     torch.manual_seed(3)
     x, s = _inputs(ga, dtype)
     layer = RotorAttention(ga, 4, ["rotation", "projection", "rotation"], 2, scalars=3, aggregation="compose")

@@ -1,7 +1,7 @@
-"""`rt_attention` (SPEC §4.1): the formula by hand, the chunked path against the reference (values and
-every gradient), the dispatch table (its rows, its reasons, the only chooser), the magnitude
-precision, degenerate inputs, validation, and O(N) memory. The native path: tests/test_native.py;
-FlexAttention: tests/test_rt_flex.py."""
+"""`rt_attention` (docs/concepts/rt-filter.md#the-functional-contract): the formula by hand, the chunked path
+against the reference (values and every gradient), the dispatch table (its rows, its reasons, the only
+chooser), the magnitude precision, degenerate inputs, validation, and O(N) memory. The native path:
+tests/test_native.py; FlexAttention: tests/test_rt_flex.py."""
 
 from __future__ import annotations
 

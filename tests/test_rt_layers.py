@@ -1,4 +1,5 @@
-"""RT layers (SPEC §1.2–§1.3): RTAttention's switches and parameters, the hypersphere step, RFA kernels.
+"""RT layers (docs/concepts/rt-filter.md#the-block): RTAttention's switches and parameters, the hypersphere
+step, RFA kernels.
 
 The kernel maths itself (precision, logits, fast paths vs reference) is tested with the kernel; here
 we test what the layers add: projections, key scaling, the switches, the sphere geometry, and the

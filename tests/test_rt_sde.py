@@ -1,4 +1,5 @@
-"""The RT-SDE simulator against the claims of SPEC §1.1, checked by Monte Carlo of eq. 3."""
+"""The RT-SDE simulator against the claims of docs/concepts/rt-filter.md#the-rt-sde,
+checked by Monte Carlo of the SDE."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ OMEGA = torch.linspace(0.2, 1.5, DIM // 2, dtype=F64)
 
 
 def _sde(**overrides) -> RTSDE:
-    """The small-angle regime of SPEC §1.1: d = 8, μ_r = 0.3, σ_t = 0.05, m = 2."""
+    """The small-angle regime (docs/concepts/rt-filter.md#the-rt-sde): d = 8, μ_r = 0.3, σ_t = 0.05, m = 2."""
     params = dict(
         dim=DIM, mu_r=0.3, mu_t=0.3, sigma_r=0.02, sigma_t=0.05, eta_r=0.05, eta_t=0.05, omega=OMEGA
     )
@@ -118,7 +119,7 @@ def test_measurement_noise_covariance():
 def test_angular_variance_limit_and_broadcasting():
     sde = _sde(mu_r=0.0)
     dt, m = torch.tensor([[0.0], [1.0], [4.0]], dtype=F64), torch.tensor([1.0, 2.0], dtype=F64)
-    expected = (sde.eta_t**2 + sde.sigma_t**2 * dt) / m**2  # the μ_r → 0 limit of SPEC §1.1
+    expected = (sde.eta_t**2 + sde.sigma_t**2 * dt) / m**2  # the μ_r → 0 limit (rt-filter.md#precision)
     torch.testing.assert_close(sde.angular_variance(dt, m), expected, rtol=1e-12, atol=0)
 
 

@@ -1,6 +1,6 @@
-"""Functional attention kernels: ``rt_attention`` (SPEC §1.2, §4.1; `geoattn.attention.rt`, its paths
-behind one dispatch table), ``rotor_attention`` (SPEC §2, §4.1) and the RFA baseline
-``rfa_attention`` (SPEC §1.4)."""
+"""Functional attention kernels: ``rt_attention`` (docs/concepts/rt-filter.md; `geoattn.attention.rt`, its
+paths behind one dispatch table), ``rotor_attention`` (docs/concepts/rotors.md) and the RFA baseline
+``rfa_attention`` (docs/concepts/rt-filter.md#baselines)."""
 
 from geoattn.attention.rfa_kernel import rfa_attention
 from geoattn.attention.rotor_kernel import rotor_attention

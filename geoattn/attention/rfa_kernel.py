@@ -1,6 +1,6 @@
-"""Isotropic Robust Filter Attention (RFA, arXiv 2509.04154; SPEC §1.4): the Euclidean predecessor
-of RT-Filter attention, kept as a baseline. Reference (explicit N×N) and chunked (query blocks with a
-recomputing backward, ``chunk × N`` memory) kernels.
+"""Isotropic Robust Filter Attention (RFA, arXiv 2509.04154; docs/concepts/rt-filter.md#baselines): the
+Euclidean predecessor of RT-Filter attention, kept as a baseline. Reference (explicit N×N) and chunked (query
+blocks with a recomputing backward, ``chunk × N`` memory) kernels.
 
 RFA's output ``Σ_j A_ij E_ij R v_j`` decays each value by a pair-dependent factor, so it is not a
 plain softmax-weighted sum.
@@ -56,7 +56,7 @@ def rfa_attention(
     chunk_size: int = 128,
     return_weights: bool = False,
 ):
-    """Isotropic Robust Filter Attention (RFA, Gaussian weights), SPEC §1.4.
+    """Isotropic Robust Filter Attention (RFA, Gaussian weights), docs/concepts/rt-filter.md#baselines.
 
     With ``Δt = t_i − t_j``, ``E_ij = e^{−μ|Δt|}``, ``R`` the pair rotation by ``ω·Δt``:
     ``logit_ij = log P_ij − β P_ij |q_i − E_ij R(Δt) k_j|²`` with

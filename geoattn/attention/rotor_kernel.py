@@ -1,4 +1,4 @@
-"""Rotor attention (SPEC §2.2–2.4, contract §4.1): attention whose values are moved by a per-pair versor.
+"""Rotor attention (docs/concepts/rotors.md): attention whose values are moved by a per-pair versor.
 
 Shapes: ``q, k`` are ``(B, H, N, C, dim)`` multivectors, ``v`` is ``(B, H, N, Cv, dim)``, the output is
 ``(B, H, N, Cv, dim)``; ``dim = algebra.dim``, ``n = algebra.n``.
@@ -16,14 +16,14 @@ Head types, ``o_i = Σ_j α_ij T_ij(v_j)``:
   that maps a to b (and b to a, so ``inverse`` changes nothing).
 * ``projection``: ``T = (v ⌋ b) b⁻¹``, the projection onto the line of b (keeps the scalar part and the
   component of the vector part along b; higher grades contract to 0). It does not involve a.
-* ``frame`` (our extension, SPEC §2.4; Cl(3) only, C ≥ 2): each token carries the orthonormal frame
-  ``x = normalize(vec c0)``, ``y = normalize(vec c1 − ⟨vec c1, x⟩ x)``, ``z = x × y``; ``T = R v R̃`` with
-  R the rotor taking the key's frame to the query's. O(3)-equivariant, not only SO(3) as SPEC §2.4
-  expected: a reflection g flips z in *both* frames, so ``F_i F̃_j`` is conjugated by g (tested).
+* ``frame`` (our extension, docs/concepts/rotors.md#frame-transport; Cl(3) only, C ≥ 2): each token carries
+  the orthonormal frame ``x = normalize(vec c0)``, ``y = normalize(vec c1 − ⟨vec c1, x⟩ x)``, ``z = x × y``;
+  ``T = R v R̃`` with R the rotor taking the key's frame to the query's. O(3)-equivariant, not only SO(3):
+  a reflection g flips z in *both* frames, so ``F_i F̃_j`` is conjugated by g (tested).
 
 Aggregation (``aggregation=``, rotation heads): ``"sum"`` is the sum above. ``"compose"`` is the
-seed's composition of fractional rotors ``R_i1^{α_i1} R_i2^{α_i2} ⋯`` (SPEC §2.5), made order-free as the
-weighted mean in the Lie algebra::
+seed's composition of fractional rotors ``R_i1^{α_i1} R_i2^{α_i2} ⋯`` (docs/concepts/rotors.md#compose), made
+order-free as the weighted mean in the Lie algebra::
 
     R̄_i = exp(½ Σ_j α_ij θ_ij B̂_ij),   out_i = R̄_i (Σ_j α_ij v_j) R̄_i~,
 
@@ -65,10 +65,10 @@ Backends:
 * ``reference``: the naive pairwise form, the oracle: N×N rotors / normals (compose: N×N pair
   bivectors ``θ_ij B̂_ij``) built with the algebra engine's products, each value sandwiched (pair tiles
   only bound the memory).
-* ``auto``: exact factorised forms. Rotation and reflection (SPEC §2.3): the unscaled sandwich N
-  (``(1 + b a) v (1 + a b)``, ``(a − b) v̂ (a − b)``) is a polynomial of degree ≤ 2 in a and in b, so
-  ``o_i = Σ_r (ψ(a_i) @ Q)_r Σ_j W_ij (φ(b_j) ⊗ v_j @ K)_r`` with monomials ``φ(b) = [1, b_l, b_l b_m
-  (l ≤ m)]`` (1 + 3 + 6 = 10 in 3D), ``W_ij = α_ij · pair_scale(⟨a_i, b_j⟩)`` and constant tables K, Q
+* ``auto``: exact factorised forms. Rotation and reflection (docs/concepts/rotors.md#the-factorised-sandwich):
+  the unscaled sandwich N (``(1 + b a) v (1 + a b)``, ``(a − b) v̂ (a − b)``) is a polynomial of degree ≤ 2 in
+  a and in b, so ``o_i = Σ_r (ψ(a_i) @ Q)_r Σ_j W_ij (φ(b_j) ⊗ v_j @ K)_r`` with monomials ``φ(b) = [1, b_l,
+  b_l b_m (l ≤ m)]`` (1 + 3 + 6 = 10 in 3D), ``W_ij = α_ij · pair_scale(⟨a_i, b_j⟩)`` and constant tables K, Q
   (:func:`_sandwich_plan`). With ``d = 1 ± ⟨a, b⟩`` the sandwich splits as ``N = d G + rest``: the
   scalar and the pseudoscalar are only scaled by a versor (``N = 2 d e_A``), and the rotation's
   moved blades give ``G = 2⟨a, b⟩ v + [b ∧ a, v]`` and, in Cl(3), ``rest = 2 k (k · v)`` with k the
@@ -131,7 +131,7 @@ def rotor_attention(
     chunk_size: int | None = None,
     aggregation: str = "sum",
 ) -> Tensor:
-    """Rotor attention over multivector channels (SPEC §4.1).
+    """Rotor attention over multivector channels (docs/concepts/rotors.md#the-functional-contract).
 
     Args:
         q, k: ``(B, H, N, C, dim)`` multivectors; v: ``(B, H, N, Cv, dim)``.
@@ -146,7 +146,7 @@ def rotor_attention(
         chunk_size: queries per block on the ``auto`` rotation / reflection path (default: sized so a
             block's logits hold ~4 M numbers); any value gives the same result.
         aggregation: ``"sum"`` (``Σ_j α_ij R_ij v_j R̃_ij``) or, rotation heads only, ``"compose"``
-            (one mean rotor per query, SPEC §2.5; see the module docstring).
+            (one mean rotor per query, docs/concepts/rotors.md#compose; see the module docstring).
 
     Returns:
         ``(B, H, N, Cv, dim)``, dtype of v.

@@ -44,7 +44,7 @@ from geoattn.training.compiling import CompiledModel, weight_normalizer
 from geoattn.training.config import TrainConfig
 from geoattn.training.trainer import make_optimizer
 
-# The RT model's switches (SPEC §1.3.4), each measured off.
+# The RT model's switches (docs/concepts/rt-filter.md#switches), each measured off.
 ABLATIONS = ("process_noise", "magnitude_precision", "qkv_norm", "tangent_correction")
 COMPILE_MODES = {"off": (False,), "on": (True,), "both": (False, True)}
 _PHASES = ("forward", "backward", "optimizer", "renormalise")

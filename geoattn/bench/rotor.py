@@ -3,8 +3,8 @@
 For each head type and sequence length N: ``rotor_attention`` on q, k, v of shape ``(1, H, N, C, 8)``,
 backend ``reference`` (naive pairwise) and ``auto`` (fast exact), against
 ``scaled_dot_product_attention`` on ``(1, H, N, C·8)`` tensors (the same width). The row ``compose``
-is a rotation head with ``aggregation="compose"`` (SPEC §2.5). SDPA and auto are timed round-robin
-(one call of each in turn, so both see the same load on a shared machine): min / median / max over
+is a rotation head with ``aggregation="compose"`` (docs/concepts/rotors.md#compose). SDPA and auto are timed
+round-robin (one call of each in turn, so both see the same load on a shared machine): min / median / max over
 ``--repeats`` calls after a warm-up, the ratio of the medians, and the peak memory growth of one call.
 The reference (at most two calls, ratio reference/auto) is skipped where its pairwise tensors would
 be too large or slow, and the cell says why.

@@ -1,4 +1,5 @@
-"""Equivariant layers on multivector channels (SPEC §2.2), generic over the algebra (Cl(3), PGA, ...).
+"""Equivariant layers on multivector channels, generic over the algebra (Cl(3), PGA, ...); the maths:
+docs/concepts/rotors.md.
 
 Tensors: multivectors ``(..., C, dim)`` (C channels, ``dim = algebra.dim``), invariant scalars ``(..., S)``.
 "Equivariant" means: for every versor g of the algebra's orthogonal group (O(n) in Cl(n); in PGA also

@@ -1,4 +1,4 @@
-"""Isotropic Robust Filter Attention (RFA, arXiv 2509.04154; SPEC §1.4), the RT layer's Euclidean predecessor.
+"""Isotropic Robust Filter Attention (RFA, arXiv 2509.04154), the RT layer's Euclidean predecessor.
 
 ``RFAAttention`` is the module around the functional kernel
 ``geoattn.attention.rfa_kernel.rfa_attention``, a drop-in for softmax attention in the pre-norm

@@ -61,7 +61,8 @@ class RotorPositionalEncoding(nn.Module):
 
 
 class RotorAttention(nn.Module):
-    """Multi-head rotor attention over multivector channels (SPEC §2.2), equivariant by construction.
+    """Multi-head rotor attention over multivector channels (docs/concepts/rotors.md#the-rotor), equivariant
+    by construction.
 
     q, k, v: one :class:`EquiLinear` (scalars feed their scalar grade); head h runs
     :func:`rotor_attention` with ``head_types[h]``; each head's output gets a learned gain per grade
@@ -78,8 +79,9 @@ class RotorAttention(nn.Module):
         positional_encoding: rotate q, k by :class:`RotorPositionalEncoding` (breaks equivariance;
             needs ``positions`` in forward).
         aggregation: ``"sum"`` or ``"compose"``: how the heads that compose (rotation) aggregate
-            (``"compose"``: one mean rotor per query applied to the weighted mean value, SPEC §2.5);
-            other head types always sum. ``"compose"`` needs at least one such head.
+            (``"compose"``: one mean rotor per query applied to the weighted mean value,
+            docs/concepts/rotors.md#compose); other head types always sum. ``"compose"`` needs at least one
+            such head.
 
     forward(x ``(B, N, C, dim)``, s ``(B, N, S)`` | None, mask ``(B, N)`` bool | None (True = real
     token), positions ``(N,)`` | ``(B, N)`` | None) → (``(B, N, C, dim)``, ``(B, N, S)`` | None).

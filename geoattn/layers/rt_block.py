@@ -1,4 +1,4 @@
-"""RT-Filter attention and the RT block (SPEC §1.2–§1.3).
+"""RT-Filter attention and the RT block (docs/concepts/rt-filter.md).
 
 ``RTAttention`` is the module around the functional kernel
 ``geoattn.attention.rt.rt_attention``: projections, the constrained per-head filter
@@ -42,7 +42,9 @@ def _init_omega(omega_init: Tensor | None, n_head: int, head_dim: int, rope_base
 
 
 class RTAttention(nn.Module):
-    """RT-Filter attention (SPEC §1.2): ``forward(x (B, T, C), positions (T,) | (B, T) | None) -> (B, T, C)``.
+    """RT-Filter attention: ``forward(x (B, T, C), positions (T,) | (B, T) | None) -> (B, T, C)``.
+
+    The maths: docs/concepts/rt-filter.md#the-logit.
 
     Q/K/V/O projections without bias feed ``rt_attention``. Per head the filter parameters are stored
     as logarithms and used as ``exp`` (so ``μ_r, σ_t², η_t², β > 0``); ``precision_parameters()``
@@ -62,7 +64,7 @@ class RTAttention(nn.Module):
     measured as ``|k|·sqrt(C/D)``: a unit-norm input through unit-norm weight rows (the RT block's
     regime) gives ``|k|² ≈ D/C``, so magnitudes and ``κ`` start near 1.
 
-    Switches (SPEC §1.3.4):
+    Switches (docs/concepts/rt-filter.md#switches):
         magnitude_precision: False → keys are normalised before the kernel, so ``κ = 1/c(Δt)``
             ignores ``|k_j|`` (the output is invariant to rescaling key projections).
         process_noise: False → ``σ_t² ≡ 0``: ``κ_j = m_j²/η_t²`` has no Δt dependence (no recency
@@ -168,7 +170,9 @@ class RTAttention(nn.Module):
 
 
 class RTBlock(SphereBlock):
-    """The RT block (SPEC §1.3): ``forward(h (B, T, C) unit rows, positions) -> (B, T, C)`` unit rows.
+    """The RT block: ``forward(h (B, T, C) unit rows, positions) -> (B, T, C)`` unit rows.
+
+    The maths: docs/concepts/rt-filter.md#the-block.
 
     Per sublayer: ``o`` = sublayer output, normalised (nGPT); tangent-space correction
     ``o ← o − ⟨o, h⟩h`` (switch ``tangent_correction``; off: nGPT's ``o − h``); then

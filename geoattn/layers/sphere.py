@@ -1,4 +1,4 @@
-"""The hypersphere (nGPT) block family (SPEC §1.3, §1.6; nGPT, Loshchilov et al. 2025).
+"""The hypersphere (nGPT) block family (docs/concepts/rt-filter.md#the-block; nGPT, Loshchilov et al. 2025).
 
 The residual stream lives on the unit sphere; each sublayer's output is normalised and the state moves
 towards it by a learned per-channel step, followed by a retraction (or an exact geodesic step).
@@ -44,9 +44,9 @@ def sphere_step(h: Tensor, o: Tensor, alpha: Tensor, *, tangent_correction: bool
         h: ``(..., C)`` unit-norm residual states.
         o: ``(..., C)`` unit-norm sublayer outputs.
         alpha: ``(C,)`` step sizes (nGPT's eigen learning rates).
-        tangent_correction: if True, the update direction is the tangent part ``o − ⟨o,h⟩h`` (SPEC
-            §1.3); if False, nGPT's ``o − h`` (the two differ only radially, i.e. in the effective
-            step length once retracted).
+        tangent_correction: if True, the update direction is the tangent part ``o − ⟨o,h⟩h``
+            (docs/concepts/rt-filter.md#the-block); if False, nGPT's ``o − h`` (the two differ only radially,
+            i.e. in the effective step length once retracted).
         step: ``"retraction"``: ``normalize(h + α⊙d)``; ``"geodesic"``: the exact exponential map
             ``cos|a| h + sin|a| a/|a|`` with ``a`` the tangent part of ``α⊙d`` (a per-channel α tilts
             ``α⊙d`` off the tangent plane, so it is projected again).

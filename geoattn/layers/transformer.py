@@ -1,4 +1,5 @@
-"""The standard pre-norm Transformer (GPT) pieces (SPEC §1.4): norms, MLPs, RoPE self-attention, ``Block``.
+"""The standard pre-norm Transformer (GPT) pieces (docs/concepts/rt-filter.md#baselines): norms, MLPs, RoPE
+self-attention, ``Block``.
 
 The pre-norm GPT block (``Block``): norm → causal self-attention (RoPE via SDPA) → residual, norm →
 MLP (SwiGLU or GELU) → residual; the baseline every geometric layer is measured against.

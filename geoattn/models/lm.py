@@ -1,4 +1,5 @@
-"""Language models and sequence backbones: GPT, nGPT, RT-Transformer and isotropic RFA (SPEC §1.3–§1.6).
+"""Language models and sequence backbones: GPT, nGPT, RT-Transformer and isotropic RFA
+(docs/concepts/rt-filter.md#baselines).
 
 One config (``LMConfig``), one backbone per model name (``build_backbone``), and one language model
 around it: token embedding → backbone ``(B, T, C) -> (B, T, C)`` → tied output head. The backbones are
@@ -12,7 +13,8 @@ transformer over bodies).
 | ``ngpt`` | unit sphere (nGPT) | unit q, k, logit scale sqrt(D), RoPE |
 | ``rt`` | unit sphere, tangent correction + retraction | RT-Filter attention (``RTAttention``) |
 
-The hypersphere models (``ngpt``, ``rt``) use nGPT's parameterisation (SPEC §1.6): scales stored as
+The hypersphere models (``ngpt``, ``rt``) use nGPT's parameterisation
+(docs/concepts/rt-filter.md#the-hypersphere-parameterisation): scales stored as
 init/scale, a learned logit scale ``s_z``, weights renormalised along the embedding axis after every
 optimiser step (:meth:`normalize_weights`, called by the trainer) and no weight decay
 (:meth:`optim_groups`).
@@ -442,7 +444,7 @@ class TransformerLM(LanguageModel):
 
 
 class RFATransformerLM(LanguageModel):
-    """Pre-norm GPT with isotropic Robust Filter Attention (SPEC §1.4)."""
+    """Pre-norm GPT with isotropic Robust Filter Attention (docs/concepts/rt-filter.md#baselines)."""
 
     model_name = "rfa"
 

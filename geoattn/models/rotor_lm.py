@@ -1,4 +1,4 @@
-"""`RotorLM`: the rotor seed's own architecture for token sequences (seed 004, SPEC §2.2; issue #9).
+"""`RotorLM`: the rotor seed's own architecture for token sequences (docs/concepts/rotors.md).
 
 The seed draws it as: ``embed_token`` gives each token a scalar ("existence"), a vector ("direction")
 and a bivector ("relations") part; rotor attention blocks with grade-wise normalisation; per-grade
@@ -82,8 +82,8 @@ class RotorLMConfig:
             frame: Cl(3) only); a list, or one string with commas.
         head_channels: multivector channels per head (q, k and v).
         aggregation: how rotation heads aggregate their values: ``"sum"`` (``Σ_j α_ij R_ij v_j R̃_ij``) or
-            ``"compose"`` (one mean rotor per query, ``R̄_i (Σ_j α_ij v_j) R̄_i~``, SPEC §2.5; needs a
-            rotation head); the other head types always sum.
+            ``"compose"`` (one mean rotor per query, ``R̄_i (Σ_j α_ij v_j) R̄_i~``,
+            docs/concepts/rotors.md#compose; needs a rotation head); the other head types always sum.
         inverse: key → query rotors in rotation heads.
         mlp_ratio: hidden multivector channels of the geometric MLP per channel.
         mlp_scalars: hidden invariant scalars of the MLP (None: 4 · scalars, as a GPT MLP).
@@ -311,7 +311,7 @@ class RotorLMBlock(nn.Module):
 
     @torch.no_grad()
     def attention_weights(self, x: Tensor, s: Tensor | None, positions: Tensor) -> Tensor:
-        """The softmax weights ``(B, H, T, T)`` of this block's attention (SPEC §4.1:
+        """The softmax weights ``(B, H, T, T)`` of this block's attention (docs/concepts/rotors.md#the-rotor:
         ``softmax_j(Σ_c ⟨reverse(q_ic) k_jc⟩₀ / sqrt(C · dim))``, j ≤ i), from its q and k after the
         rotor positional encoding."""
         attn = self.attn

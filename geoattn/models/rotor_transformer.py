@@ -1,4 +1,5 @@
-"""`RotorTransformer`: an equivariant transformer for point sets on multivector channels (SPEC §2).
+"""`RotorTransformer`: an equivariant transformer for point sets on multivector channels
+(docs/concepts/rotors.md).
 
 Input per token: multivector channels ``(B, N, C_in, dim)`` and optional invariant scalars
 ``(B, N, S_in)``; output: ``(B, N, C_out, dim)`` and ``(B, N, S_out)``. Blocks are pre-norm:
@@ -56,7 +57,7 @@ class RotorTransformerConfig:
         inverse: rotation heads use key → query rotors (default query → key).
         norm: "joint" (one invariant norm over all grades, GATr's) or "per_grade" (each grade alone).
         aggregation: how rotation heads aggregate: "sum" (Σ_j α_ij R_ij v_j R̃_ij) or "compose" (one
-            mean rotor per query applied to the weighted mean value; SPEC §2.5).
+            mean rotor per query applied to the weighted mean value; docs/concepts/rotors.md#compose).
 
     ``norm="joint"`` keeps the grades' relative sizes (e.g. |position| against the scalar channels);
     ``"per_grade"`` hides every grade's size from the next layer.

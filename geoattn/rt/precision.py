@@ -1,4 +1,4 @@
-"""The one implementation of the RT and RFA noise variances (SPEC §1.1, §1.4).
+"""The one implementation of the RT and RFA noise variances (docs/concepts/rt-filter.md#precision).
 
 Every caller (the RT-SDE simulator, the reference and fast attention kernels, the filter task,
 plots) computes the transported angular variance through `rt_noise_variance`, so the stable
@@ -30,7 +30,7 @@ def rt_noise_variance(dt: Tensor, mu_r: Tensor, sigma_t2: Tensor, eta_t2: Tensor
     """``c(Δt) = η_t² + σ_t² (e^{2 μ_r Δt} − 1)/(2 μ_r)``, the RT transported angular noise variance.
 
     Multiplied by ``1/m²`` this is the per-tangent-dimension angular variance ``s²(Δt)`` of
-    SPEC §1.1; ``κ = m²/c`` is the attention precision of SPEC §1.2. The ``μ_r → 0`` limit
+    docs/concepts/rt-filter.md#precision; ``κ = m²/c`` is the attention precision. The ``μ_r → 0`` limit
     ``η_t² + σ_t² Δt`` is handled exactly (values and gradients).
 
     Args:
@@ -47,7 +47,8 @@ def rt_noise_variance(dt: Tensor, mu_r: Tensor, sigma_t2: Tensor, eta_t2: Tensor
 def rfa_precision(
     dt: Tensor, mu: Tensor, sigma2: Tensor, eta2: Tensor, gamma2: Tensor | float = 0.0
 ) -> Tensor:
-    """The isotropic RFA precision ``1 / (σ² (1 − e^{−2μΔt})/(2μ) + η² e^{−2μΔt} + γ²)`` (SPEC §1.4).
+    """The isotropic RFA precision ``1 / (σ² (1 − e^{−2μΔt})/(2μ) + η² e^{−2μΔt} + γ²)``
+    (docs/concepts/rt-filter.md#precision).
 
     ``(1 − e^{−2μΔt})/(2μ) = Δt · expm1_ratio(−2μΔt)``, so ``μ → 0`` is exact here too.
 

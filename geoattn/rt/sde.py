@@ -1,4 +1,5 @@
-"""The RT-SDE of SPEC §1.1 (eq. 3): a seeded simulator and the closed-form angular variance.
+"""The RT-SDE (docs/concepts/rt-filter.md#the-rt-sde): a seeded simulator and the closed-form angular
+variance.
 
     dx = (−μ_r P_R(u) − μ_t P_T(u) + Λ_Ω) x dt + σ_r P_R(u) dw + σ_t P_T(u) dw,   u = x/|x|
     z(t_k) = x(t_k) + v,   v ~ N(0, η_r² P_R(u) + η_t² P_T(u))

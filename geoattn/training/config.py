@@ -42,7 +42,7 @@ def _opt(default: Any, help: str, **kw: Any) -> Any:
 class TrainConfig:
     """Everything a run needs, saved as ``config.json`` next to every checkpoint.
 
-    The defaults are nanoGPT's CPU shakespeare_char recipe (SPEC §3): 4 layers × 4 heads × 128,
+    The defaults are nanoGPT's CPU shakespeare_char recipe (docs/tasks.md#lm): 4 layers × 4 heads × 128,
     context 64, batch 12, 2000 iterations, lr 1e-3. ``model_options`` and ``task_options`` are the
     ``--set model.KEY`` / ``task.KEY`` settings, checked by the model's and the task's own config
     classes (``geoattn train --task T --model M --list-settings`` lists them). Each field's help is

@@ -85,9 +85,9 @@ def barrier(env: DistEnv) -> None:
 def teardown_and_exit(code: int) -> None:
     """Leave the process group deterministically and exit with ``code`` (never returns).
 
-    Measured on CPU (SPEC §3): destroying the group with a live DDP wrapper, or returning through
-    the interpreter's normal shutdown, aborts a rank now and then. The caller drops its DDP wrapper
-    first; then barrier, destroy, flush, and ``os._exit`` skip the racy interpreter teardown.
+    On the CPU with gloo (docs/tasks.md#distributed-runs): destroying the group with a live DDP wrapper, or
+    returning through the interpreter's normal shutdown, aborts a rank now and then. The caller drops its DDP
+    wrapper first; then barrier, destroy, flush, and ``os._exit`` skip the racy interpreter teardown.
     """
     if dist.is_initialized():
         dist.barrier()

@@ -1,6 +1,6 @@
-// The frame head's per-token transform (rotor attention, SPEC §2.4): each token's multivectors moved
-// by the rotation of its orthonormal frame, forward and backward in one pass over the tokens (the
-// Python form is a dozen small tensor operations and a batched 8 × 8 matmul per token).
+// The frame head's per-token transform (docs/concepts/rotors.md#frame-transport): each token's
+// multivectors moved by the rotation of its orthonormal frame, forward and backward in one pass over
+// the tokens (the Python form is a dozen small tensor operations and a batched 8 × 8 matmul per token).
 //
 // Per token, from the vector parts c0, c1 of two channels (Gram–Schmidt, as rotor_kernel._frame_axes):
 //

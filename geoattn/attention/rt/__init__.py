@@ -1,4 +1,4 @@
-"""RT-Filter attention (SPEC §1.2, §1.5, contract §4.1), one module per concern:
+"""RT-Filter attention (docs/concepts/rt-filter.md#the-logit, #kernels), one module per concern:
 
 * `params`: the parameterisation every path shares (normalisation, transport, precision, logit);
 * `reference`, `native_cpu`, `flex`, `chunked`: one module per path;

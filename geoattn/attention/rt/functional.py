@@ -47,7 +47,8 @@ def rt_attention(
     normalize_values: bool = True,
     structure: str = "general",
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """RT-Filter attention, exactly SPEC §4.1 (the maths: `geoattn.attention.rt.params`).
+    """RT-Filter attention, exactly docs/concepts/rt-filter.md#the-functional-contract (the maths:
+    `geoattn.attention.rt.params`).
 
     Args:
         q, k, v: ``(B, H, N, D)`` raw projections, D even (normalised inside).

@@ -1,5 +1,5 @@
-"""The parameterisation every RT-Filter path shares (SPEC §1.2, §4.1): normalisation, transport,
-precision and logit, written once.
+"""The parameterisation every RT-Filter path shares (docs/concepts/rt-filter.md#the-logit): normalisation,
+transport, precision and logit, written once.
 
 For one head, with ``q̂ = q/|q|``, ``k̂ = k/|k|``, ``v̂ = v/|v|``, ``m_j² = |k_j|²`` and
 ``Δt_ij = t_i − t_j``::

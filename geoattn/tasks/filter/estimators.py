@@ -1,4 +1,5 @@
-"""Reference estimators of the direction u(t_i) of an RT-SDE (SPEC §1.1) from its measurements.
+"""Reference estimators of the direction u(t_i) of an RT-SDE (docs/concepts/rt-filter.md#the-rt-sde) from its
+measurements.
 
 Every estimator is causal: the estimate at ``t_i`` uses ``z_1 .. z_i`` only. Inputs are the
 measurements ``z`` ``(B, T, D)`` at times ``times`` ``(B, T)`` and the true SDE parameters (an
@@ -9,7 +10,7 @@ Outputs are unit vectors ``(B, T, D)``.
 * :func:`uniform_transported_mean` — every past measurement direction transported to ``t_i`` by
   ``R(Δt)`` and averaged with equal weights (precision ignored).
 * :func:`rt_filter` — the closed-form RT-Filter: ``rt_attention`` with ``q = k = v = z`` and the true
-  ``μ_r, σ_t², η_t², ω``, so ``κ_ij = |z_j|² / c(Δt_ij)`` (SPEC §1.2).
+  ``μ_r, σ_t², η_t², ω``, so ``κ_ij = |z_j|² / c(Δt_ij)`` (docs/concepts/rt-filter.md#precision).
 * :func:`tangent_kalman_filter` — a recursive Kalman filter on the sphere (tangent-space EKF).
 * :func:`particle_filter` — a bootstrap particle filter on the full latent state: the near-optimal bound.
 """
@@ -57,7 +58,8 @@ def angular_error_deg(estimate: Tensor, target: Tensor) -> Tensor:
 def process_variance(sde: Any, dt: Tensor) -> Tensor:
     """``σ_t² (e^{2 μ_r Δt} − 1) / (2 μ_r)`` ``(...)``: the tangential process part of ``c(Δt)``.
 
-    Divided by ``m(t_j)²`` it is the angular diffusion of the direction over ``dt`` (SPEC §1.1).
+    Divided by ``m(t_j)²`` it is the angular diffusion of the direction over ``dt``
+    (docs/concepts/rt-filter.md#the-rt-sde).
     """
 
     def scalar(value: float) -> Tensor:
@@ -88,7 +90,8 @@ def uniform_transported_mean(z: Tensor, times: Tensor, sde: Any) -> Tensor:
 
 
 def rt_filter(z: Tensor, times: Tensor, sde: Any, *, beta: float = 1.0, backend: str = "auto") -> Tensor:
-    """The closed-form RT-Filter (SPEC §1.2) with the true SDE parameters, one head.
+    """The closed-form RT-Filter (docs/concepts/rt-filter.md#the-logit) with the true SDE parameters, one
+    head.
 
     ``q = k = v = z``: ``κ_ij = |z_j|² / c(t_i − t_j)`` with ``c`` from the true ``μ_r, σ_t², η_t²``
     (``|z_j|`` estimates the magnitude ``m_j``), ``logit_ij = log κ_ij + β κ_ij (⟨ẑ_i, R ẑ_j⟩ − 1)``,
@@ -146,10 +149,10 @@ def tangent_kalman_filter(z: Tensor, times: Tensor, sde: Any, *, gain_ratio: flo
 
     * the token magnitude ``g m`` is measured by ``|z|² − η_r² − (D − 1) η_t²`` (the noise's share of
       ``|z|²`` removed) and fused, in log space, with the tracked latent magnitude and the gain prior;
-    * predict: ``û ← R(Δt) û``, ``p ← p + σ_t² (e^{2μ_rΔt} − 1) / (2μ_r) / m̂²`` (SPEC §1.1) with
-      ``m̂`` the latent magnitude, tracked in log space (``log m̂ ← log m̂ − μ_rΔt``, diffusing with
-      ``σ_r²Δt/m̂²``) and updated with the log token magnitude, whose noise is the gain's
-      ``Var log g = (log gain_ratio)²/12`` plus the measurement's;
+    * predict: ``û ← R(Δt) û``, ``p ← p + σ_t² (e^{2μ_rΔt} − 1) / (2μ_r) / m̂²``
+      (docs/concepts/rt-filter.md#precision) with ``m̂`` the latent magnitude, tracked in log space (``log m̂
+      ← log m̂ − μ_rΔt``, diffusing with ``σ_r²Δt/m̂²``) and updated with the log token magnitude, whose noise
+      is the gain's ``Var log g = (log gain_ratio)²/12`` plus the measurement's;
     * update the direction with ``ẑ`` in the tangent space at ``û``, with the token's own angular
       noise ``r = η_t² / (g m)²``: ``û ← exp_û(K log_û(ẑ))``, ``K = p / (p + r)``, ``p ← (1 − K) p``.
 

@@ -1,4 +1,5 @@
-"""The ``filter`` task: estimate the direction of an RT-SDE (SPEC §1.1, §3) causally from its measurements.
+"""The ``filter`` task: estimate the direction of an RT-SDE (docs/tasks.md#filter) causally from its
+measurements.
 
 Sequences come from :class:`geoattn.rt.RTSDE` (eq. 3), generated on the fly from the trainer's
 generator for ``train`` and from fixed seeds for ``val`` and ``eval`` (a pool of sequences drawn
@@ -29,9 +30,9 @@ SPLIT_SEEDS = {"val": 1_000_003, "eval": 2_000_003}
 class FilterConfig:
     """Simulator and reference-estimator settings of the filter task (all overridable as task options).
 
-    The RT-SDE (SPEC eq. 3) in ``dim`` dimensions, observed at ``seq_len`` irregular times with
-    intervals uniform on ``dt_range`` (mean 1), from a uniform random direction and an initial
-    magnitude log-uniform on ``m0_range``. Each token is measured through a gain ``g_i``, log-uniform
+    The RT-SDE (docs/concepts/rt-filter.md#the-rt-sde) in ``dim`` dimensions, observed at ``seq_len``
+    irregular times with intervals uniform on ``dt_range`` (mean 1), from a uniform random direction and an
+    initial magnitude log-uniform on ``m0_range``. Each token is measured through a gain ``g_i``, log-uniform
     on ``[ρ^{−1/2}, ρ^{1/2}]`` (ρ = ``gain_ratio``): ``z_i = g_i x(t_i) + v_i`` with the SDE's
     measurement noise ``v_i``. The gain is equivalent to a per-token measurement noise ``η/g_i`` with
     the token reported at scale ``g_i``, so the token magnitude ``|z_i| ≈ g_i m_i`` *is* its confidence
@@ -55,11 +56,12 @@ class FilterConfig:
 
     Reference errors with these defaults (val pool; eval within 0.4°): raw directions 40.9°, uniform
     transported mean 27.4°, closed-form RT-Filter 23.8°, tangent Kalman 17.9°, particle filter
-    (1000 particles) 18.4° — the ordering of SPEC §3's quick simulation (45.1 / 21.1 / 16.7 / 14.1).
+    (1000 particles) 18.4°.
 
     Fields:
         dim: state dimension D (even). seq_len: tokens per sequence T.
-        mu_r, mu_t, sigma_r, sigma_t, eta_r, eta_t: the RT-SDE parameters (SPEC §1.1).
+        mu_r, mu_t, sigma_r, sigma_t, eta_r, eta_t: the RT-SDE parameters
+        (docs/concepts/rt-filter.md#the-rt-sde).
         omega: ``dim/2`` angular frequencies of ``R(Δt)``.
         m0_range: initial magnitudes, log-uniform. gain_ratio: ρ ≥ 1 (1: no gains).
         dt_range: observation intervals, uniform. max_step: Euler–Maruyama step of the simulator.

@@ -1,4 +1,4 @@
-"""The ``nbody`` task: GATr's n-body protocol (SPEC §3; Brehmer et al. 2023, §5.1).
+"""The ``nbody`` task: GATr's n-body protocol (docs/tasks.md#nbody; Brehmer et al. 2023, §5.1).
 
 A star and planets under Newtonian gravity: predict every body's position after a fixed time from
 its mass, position and velocity. Five sets, as GATr's
