@@ -140,7 +140,8 @@ def test_missing_extra_is_one_line(monkeypatch, tmp_path, capsys):
 
 def test_bench_trains_the_rotor_and_schnet_on_the_same_split(water_file, tmp_path, capsys, monkeypatch):
     """The bench's own pipeline end to end (MACE's is the same export + evaluation; its CLI start-up
-    alone takes ~30 s, so it runs in the bench, not here), leaving nothing in the working directory."""
+    alone is too slow for the suite, so it runs in the bench, not here), leaving nothing in the working
+    directory."""
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)

@@ -123,10 +123,10 @@ def test_rotor_attention_layer_with_compose_is_equivariant(ga, dtype):
 @pytest.mark.parametrize("aggregation", ["sum", "compose"])
 def test_rotor_transformer_is_equivariant(ga_name, dtype, aggregation):
     # A pair within the guard band of a rotation / reflection head (an angle within ~1.5° of where its
-    # versor is undefined) makes the float32 model ill-conditioned: with seed 2 (this test's seed
-    # before) the compose model's float32 output differs from its float64 twin by 3e-2, with the
-    # factorised form before 2026-12-02 and after, so its float32 equivariance was luck. Seed 3 has
-    # no such pair in any of the four models (float32 within 1e-6–7e-6 of float64), checked first.
+    # versor is undefined) makes the float32 model ill-conditioned: with seed 2 the compose model's
+    # float32 output differs from its float64 twin by 3e-2, whatever the factorised form, so a
+    # float32 equivariance check there would pass or fail by luck. Seed 3 has no such pair in any of
+    # the four models (float32 within 1e-6–7e-6 of float64).
     torch.manual_seed(3)
     heads = ("rotation", "reflection", "projection") + (("frame",) if ga_name == "cl3" else ())
     config = RotorTransformerConfig(

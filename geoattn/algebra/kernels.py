@@ -5,18 +5,16 @@ Three forms of the same sparse product ``c_k = Σ sign · a_i · b_j`` over the 
 * ``dense_product`` (dim ≤ ``DENSE_MAX_DIM``, i.e. Cl(3)): one GEMM of ``a`` with the product's
   dense ``(dim, dim·dim)`` table, then a multiply and sum with ``b`` over a ``(..., dim, dim)``
   intermediate; its gradients, to any order, are GEMMs and elementwise ops. Against the gather
-  below, whose backward is a scatter (`geoattn bench algebra --n 3360`, 2 threads, idle, each run
-  against kingdon in the same run): Cl(3) forward + backward 0.90 against 1.32 ms (× kingdon 1.52
-  against 1.63: level within the noise); its double backward (a force loss) stays GEMMs, where the
-  gather's is scatters.
+  below, whose backward is a scatter, it is level or better in Cl(3) (`geoattn bench algebra --n 3360`,
+  BENCHMARKS.md), and its double backward (a force loss) stays GEMMs, where the gather's is scatters.
 * ``gather_product`` (larger algebras): the dim² nonzero terms through an indexed gather; the GEMM
-  does dim³, and already at dim = 16 (PGA) measured slower (× kingdon 1.51 against 2.52).
+  does dim³, and already at dim = 16 (PGA) loses to the gather (BENCHMARKS.md).
 * a per-blade expression generated from the sparse table (64 multiply-adds for Cl(3)), evaluated
   component-major (``(dim, M)``: each blade a contiguous row, so every multiply-add is a vector op).
   Large eager batches run it under ``torch.compile``: one fused kernel whose transposes in and out
   the compiler folds into its loads and stores, so it reads and writes the user's batch-major
-  ``(M, dim)`` tensors (measured here, 200,000 Cl(3) products, 2 threads: 2.3 ms against kingdon's
-  3.6 ms on component-major data). Inside a caller's ``torch.compile`` it is traced as-is into
+  ``(M, dim)`` tensors at the speed of kingdon on component-major data (`geoattn bench algebra`).
+  Inside a caller's ``torch.compile`` it is traced as-is into
   the caller's graph.
 """
 
@@ -180,8 +178,8 @@ def products_for(tables: dict[str, Entries], dim: int, tag: str) -> CompiledProd
 class CompiledBilinear(torch.autograd.Function):
     """``a ∘ b`` through the compiled kernel; its backward calls the compiled gradient kernels.
 
-    (Letting torch.compile differentiate the fused kernel instead measured ~4× slower forward +
-    backward here.) The backward goes through this Function again, so higher derivatives work too.
+    (Letting torch.compile differentiate the fused kernel instead is several times slower forward +
+    backward.) The backward goes through this Function again, so higher derivatives work too.
     """
 
     @staticmethod

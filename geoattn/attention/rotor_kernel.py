@@ -52,7 +52,7 @@ limit of the guarded expression), with finite values and gradients; within the g
 ``a = b`` in the reflection head. A zero vector part gives the direction 0 (rotation: ``R = 1/√2``)
 in the reference; the factorised rotation and reflection sums use ``|a| = |b| = 1`` (the scaled
 blades, and the rotation's rest on the sphere), so for a vector part below NORM_EPS they differ from
-the reference (as the monomial form before 2026-12-02 did on the scalar blades): a measure-zero case.
+the reference: a measure-zero case.
 Compose: f is guarded the same way (:func:`rotor_log_scale`): the pair's rotation fades to 0 at
 antiparallel directions, where its plane is undefined (its value still counts in the mean value).
 
@@ -112,7 +112,7 @@ BACKENDS = ("auto", "reference")
 NORM_EPS = 1e-12  # lower bound of |Σ_c vector part| when normalising directions
 _AUTO_CHUNK_ELEMENTS = 1 << 21  # B·H·chunk·N logits per query chunk (8 MiB in float32)
 # rows (B·H·pairs·channels) per engine call in the reference: bounds its memory (the engine runs calls
-# of ≥ 32768 rows through its compiled kernel, 15× faster here than many small eager calls)
+# of ≥ 32768 rows through its compiled kernel, far cheaper than many small eager calls)
 _REFERENCE_ROWS = 1 << 18
 
 
@@ -673,7 +673,7 @@ def _allowed(nq: int, nk: int, start: int, causal: bool, key_mask: Tensor | None
 # ---------------------------------------------------------------------------- fast: query blocks
 # Blocks whose pair weights (B · H · queries · keys) pass `geoattn.compile.worth_compiling` run their
 # N×N work (softmax, guards, weights) as one torch.compile'd kernel between the GEMMs; eager, each of
-# those steps is a pass over the block (the eager pointwise passes were 75 % of the compose head's time).
+# those steps is a pass over the block (eager, those pointwise passes dominate the compose head's time).
 # torch.compile backend of the block kernels (tests use "aot_eager": tracing without code generation)
 COMPILE_BACKEND = "inductor"
 
@@ -734,7 +734,7 @@ def _sandwich_block(
     B, H, nq = qs_c.shape[:3]
     if torch.compiler.is_compiling():  # a sum of n + 1 broadcast products, fused with the softmax
         d = (a1_c[..., :, None, :] * b1[..., None, :, :]).sum(-1)  # (B, H, nq, nk)
-    else:  # eager, one GEMM (a GEMM with K = 1 + n ran as long as the softmax compiled: 0.9 ms at N = 512)
+    else:  # eager, one GEMM (compiled, the broadcast sum fuses with the softmax and costs less than it)
         d = a1_c @ b1.transpose(-1, -2)
     weights = _block_weights(qs_c, kf, mask) / d.clamp_min(guard)
     r = queries.shape[1]

@@ -204,7 +204,7 @@ def _measure_size(n: int, args: argparse.Namespace, device: torch.device) -> tup
         )
 
     if args.compile == "on":  # the rt fast paths; the peer is already one fused op (compiling it
-        # only adds the compiled wrapper's fixed cost, 2.5× its time at N = 64), the oracle is no fast path
+        # only adds the compiled wrapper's fixed cost, large at small N), the oracle is no fast path
         allow_recompiles(4 * len(kernels))  # the rt rows share one code object
         for kernel in kernels:
             if kernel.fn is not None and kernel.name not in ("SDPA (peer)", "rt reference"):

@@ -17,9 +17,9 @@ class CompiledModel:
     The hypersphere models' graphs hold ``torch.autograd.Function`` s
     (`geoattn.layers.sphere._SphereRetraction`). By default (torch 2.13) the autograd
     cache skips any graph that has one, so every new process traces and partitions the joint graph
-    again: 13 s of the rt model's first step with a warm compile cache, against 2 s for the
-    transformer. Dynamo traces such a Function's forward and backward into subgraphs of the graph the
-    cache key hashes, so a changed Function still misses the cache.
+    again, even with a warm compile cache, where the transformer's graph loads from it. Dynamo traces such a
+    Function's forward and backward into subgraphs of the graph the cache key hashes, so a changed Function
+    still misses the cache.
 
     Calls: ``model(*args, **kwargs)`` as the module's own ``forward``.
     """

@@ -26,8 +26,8 @@ else:  # pragma: no cover - Python 3.10
 OPTION_TABLES = ("model_options", "task_options")
 
 
-# the default --compile needs this many steps: the first compiled steps cost 1–8 s (BENCHMARKS.md),
-# won back after ~350 steps at the LM recipe (rt: 64 → 40 ms per step)
+# the default --compile needs this many steps: compiling makes the first steps slow, and a run wins
+# that back only over hundreds of faster steps (`geoattn bench lm --compile both`, BENCHMARKS.md)
 COMPILE_MIN_ITERS = 500
 
 

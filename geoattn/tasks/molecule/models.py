@@ -110,7 +110,7 @@ class AtomEnvironment(nn.Module):
     ``h_i ← h_i + MLP(Σ_j W_k(d_ij) ⊙ A_k h_j)``; then ``v_ic = Σ_j U(d_ij)_c G(h_j)_c r_ij``
     (W, U radial filters, A, G linear). Sums over the neighbours, as SchNet's: the envelope bounds
     them by the neighbourhood, and a mean over all N − 1 atoms (tried first) shrank every message
-    ~20× on aspirin and trained slower (README, "Molecular energies and forces"). The vectors are
+    ~20× on aspirin and trained slower. The vectors are
     equivariant (sums of relative positions with invariant weights), the scalars invariant.
 
     forward(positions ``(B, N, 3)``, types ``(B, N)`` long)

@@ -220,7 +220,7 @@ def accelerations(m: Tensor, x: Tensor, G: float = 1.0) -> Tensor:
     """Newtonian accelerations ``a_i = G Σ_{j≠i} m_j (x_j − x_i) / |x_j − x_i|³``.
 
     As GATr, a distance below 1e-9 counts as 1 (coincident bodies do not blow up). One pass per pair
-    i < j, each giving both bodies their share: 2× faster than the (B, n, n, 3) broadcast for the few
+    i < j, each giving both bodies their share: cheaper than the (B, n, n, 3) broadcast for the few
     bodies here. Shapes: m ``(B, n)``, x ``(B, n, 3)`` → ``(B, n, 3)``.
     """
     a = torch.zeros_like(x)
