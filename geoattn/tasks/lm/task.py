@@ -80,7 +80,8 @@ class LMTask(Task):
         "rt": {"lr": 4e-3},
         "ngpt": {"lr": 4e-3},
     }
-    # compiled step / eager step at the recipe, T = 64 (BENCHMARKS.md): 0.89, 0.62, 0.75
+    # the models whose compiled step is faster than their eager one at the recipe
+    # (`geoattn bench lm --compile both`); rfa and the rotor LM are not
     compile_wins: ClassVar[frozenset[str]] = frozenset({"transformer", "rt", "ngpt"})
     description: ClassVar[str] = "character-level language modelling on a UTF-8 text (nanoGPT's recipe)"
 
