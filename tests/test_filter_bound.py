@@ -1,4 +1,4 @@
-"""The filter task's near-optimal bound: particle-filter convergence sizes, the disk cache, the gap."""
+"""The filter task's particle-filter reference: convergence sizes, the disk cache, the gap."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_particle_sizes_the_cache_and_the_gap_to_the_bound(tmp_path, monkeypatch
     model = task.build_model("transformer", run)
     metrics = task.final_metrics(model, run, torch.device("cpu"))
     assert {"angle_deg_full", "baseline_particle", "baseline_particle_200", "baseline_kalman"} <= set(metrics)
-    bound = metrics["baseline_particle_200"]  # the largest size is the bound
+    bound = metrics["baseline_particle_200"]  # the largest size is the reference
     assert abs(metrics["gap_to_particle_pct"] - 100 * (metrics["angle_deg_full"] / bound - 1)) < 1e-9
     cached = list((tmp_path / "geoattn" / "filter-baselines").glob("*.json"))
     assert len(cached) == 1

@@ -12,7 +12,8 @@ Outputs are unit vectors ``(B, T, D)``.
 * :func:`rt_filter` — the closed-form RT-Filter: ``rt_attention`` with ``q = k = v = z`` and the true
   ``μ_r, σ_t², η_t², ω``, so ``κ_ij = |z_j|² / c(Δt_ij)`` (docs/concepts/rt-filter.md#precision).
 * :func:`tangent_kalman_filter` — a recursive Kalman filter on the sphere (tangent-space EKF).
-* :func:`particle_filter` — a bootstrap particle filter on the full latent state: the near-optimal bound.
+* :func:`particle_filter` — a bootstrap particle filter on the full latent state: with enough
+  particles, an estimate of the best attainable error (not a bound: it still falls with more).
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ class FilterConfig:
         val_size, eval_size: sequences in the fixed val / eval pools.
         beta: β of the closed-form RT-Filter baseline. n_particles: particle-filter size.
         particle_sizes: further particle-filter sizes for the convergence check (baselines
-            ``particle_N``; the largest is the bound a learned model's gap is measured against).
+            ``particle_N``; the largest, an estimate of the best attainable error that still falls
+            with more particles, is what a learned model's gap is measured against).
     """
 
     dim: int = 8

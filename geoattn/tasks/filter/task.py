@@ -101,7 +101,7 @@ class FilterTask(Task):
     @torch.no_grad()
     def final_metrics(self, model: TaskModel, config: TrainConfig, device: torch.device) -> dict[str, float]:
         """On the whole val pool: the learned model's ``angle_deg_full``, every reference estimator
-        (``baseline_*``) and the gap to the near-optimal bound in percent (``gap_to_particle_pct``:
+        (``baseline_*``) and the gap to the largest particle filter in percent (``gap_to_particle_pct``:
         against the particle filter with the most particles)."""
         pool = self.pool("val")
         x = torch.cat((pool.z, pool.times[..., None]), dim=-1).float().to(device)  # as get_batch
@@ -169,8 +169,8 @@ class FilterTask(Task):
 
         ``rt_filter``: closed-form RT-Filter with the true μ_r, σ_t², η_t², ω and ``config.beta``;
         ``uniform``: transported mean, precision ignored; ``kalman``: tangent-space Kalman filter;
-        ``particle``: bootstrap particle filter (the near-optimal bound); ``raw``: ``z/|z|``.
-        Computed once per split and cached.
+        ``particle``: bootstrap particle filter (an estimate of the best attainable error); ``raw``:
+        ``z/|z|``. Computed once per split and cached.
         """
         if split not in self._baselines:
             # the particle filter at 10^5 particles takes minutes: results are cached on disk, keyed
