@@ -2,14 +2,25 @@
 
 Each run is ``geoattn train --task TASK --model MODEL`` in its own process (the task's recipe unless
 arguments after ``--`` change it), the models taken in turn ``--repeats`` times, so that a machine
-that drifts slows every model alike. The table gives, per model, the trainer's wall time (from the
-run's ``summary.json``: training and evaluation, without start-up and the final plots) as min /
-median / max, its ratio to ``transformer``'s median, the first step (which compiles), the median step
-and the final metric of each run.
+that drifts slows every model alike. The table gives, per model, the whole process's wall (from its
+start to its exit: start-up, data, compile, evaluation, plots, as a user waits) and the trainer's wall
+(from the run's ``summary.json``: training and evaluation, without start-up and the final plots), each
+as min / median / max with its ratio to ``transformer``'s median, the first step (which compiles), the
+median step and the final metric of each run.
 
 ``--cache`` sets what compilation costs: ``warm`` (default) gives each model one compile cache
 (``TORCHINDUCTOR_CACHE_DIR``), filled by an untimed 3-step run first, as every run after a user's
 first one finds it; ``cold`` gives every run an empty one, as a new user's first run.
+
+``--peer nanogpt`` (task lm) also runs nanoGPT's own ``train.py`` from its checkout (``--nanogpt``,
+default ``$GEOATTN_PEERS/nanogpt`` or ``../peers/nanogpt``) on its CPU recipe, which is ours: 4 layers
+× 4 heads × 128, ctx 64, batch 12, 2,000 steps, on the same corpus (``--data`` after ``--``, else
+``$GEOATTN_CORPUS`` or ``../shared/data/tinyshakespeare.txt``), in turn with our models and timed the
+same way, its row in the same table. Its data comes from its own ``prepare.py``, run once, untimed, in
+``--out``. Which of our flags reach it, and which are refused: :mod:`geoattn.bench.nanogpt`. E.g.::
+
+    git clone https://github.com/karpathy/nanoGPT ../peers/nanogpt
+    geoattn bench train --peer nanogpt --models transformer --repeats 3
 """
 
 from __future__ import annotations
@@ -21,20 +32,43 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+from geoattn.bench import nanogpt
+from geoattn.errors import ConfigError, DataError
 from geoattn.formatting import format_table
 
 CACHES = ("warm", "cold")
+PEERS = ("nanogpt",)
+PEER_ROW = "nanoGPT train.py"
+USAGE = (
+    "--peer nanogpt also times nanoGPT's own train.py on the same recipe and corpus, each whole process "
+    "as a user waits for it: git clone https://github.com/karpathy/nanoGPT ../peers/nanogpt, then "
+    "geoattn bench train --peer nanogpt --models transformer --repeats 3 (add -- --max-iters N for "
+    "shorter runs on both sides)."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's flags; arguments after ``--`` go to every `geoattn train` run."""
+    parser.epilog = USAGE
     parser.add_argument("--task", default="lm", help="the task whose recipe every run trains")
     parser.add_argument("--models", nargs="+", default=["transformer", "rt"], help="models, in turn")
     parser.add_argument("--repeats", type=int, default=2, help="runs per model")
     parser.add_argument("--cache", choices=CACHES, default="warm", help="compile cache of each run")
     parser.add_argument("--out", help="folder for the runs and caches (default: a new temporary one)")
+    parser.add_argument(
+        "--peer",
+        choices=PEERS,
+        help="also run nanoGPT's own train.py on the same recipe and corpus (--data after --, else "
+        "$GEOATTN_CORPUS or ../shared/data/tinyshakespeare.txt), in turn (task lm); our flags after -- that "
+        f"reach it: {', '.join([*nanogpt.MAPPED, '--data'])}; ours only: {', '.join(nanogpt.OURS_ONLY)}; "
+        "others are refused",
+    )
+    parser.add_argument(
+        "--nanogpt", help="nanoGPT's checkout (default: $GEOATTN_PEERS/nanogpt, else ../peers/nanogpt)"
+    )
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: `geoattn train` arguments")
 
 
@@ -45,11 +79,16 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         print(f"error: --repeats must be at least 1, got {args.repeats}", file=sys.stderr)
         return 2
+    peer = _peer(args, extra) if args.peer else None
+    if peer is not None and "--data" not in nanogpt.flag_names(extra):
+        extra = [*extra, "--data", str(peer["corpus"])]
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="geoattn-bench-train-"))
     if out.exists() and any(out.iterdir()):
         print(f"error: --out {out} is not empty (nothing there is overwritten)", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
+    if peer is not None:
+        nanogpt.prepare(peer["repo"], peer["corpus"], out / "nanogpt")
     base = ["train", "--task", args.task, *extra]
     # untimed: compiles the same graphs into each model's cache (a 3-step run compiles only if told)
     compile_flag = _flag_value(extra, "--compile")
@@ -57,18 +96,60 @@ def run(args: argparse.Namespace) -> int:
         for model in args.models:
             prime = [*base, "--model", model, "--max-iters", "3", "--out", str(out / f"prime_{model}")]
             prime += ["--compile", "true"] if compile_flag is None else []
-            if _train(prime, out / "cache" / model) != 0:
+            if _train(prime, out / "cache" / model)[0] != 0:
                 return _failed(model, out / f"prime_{model}.log")
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in args.models}
+    if peer is not None:
+        runs[PEER_ROW] = []
     for r in range(args.repeats):
         for model in args.models:
             name = f"{model}_{r}"
             cache = out / "cache" / (model if args.cache == "warm" else name)
-            if _train([*base, "--model", model, "--out", str(out / name)], cache) != 0:
+            code, process = _train([*base, "--model", model, "--out", str(out / name)], cache)
+            if code != 0:
                 return _failed(model, out / f"{name}.log")
-            runs[model].append(_measure(out / name))
-    print(_table(runs, args, extra, out))
+            runs[model].append({"process": process, **_measure(out / name)})
+        if peer is not None:
+            runs[PEER_ROW].append(_run_peer(peer, out / f"nanogpt_{r}", out / "nanogpt"))
+    print(_table(runs, args, extra, out, peer))
     return 0
+
+
+def _peer(args: argparse.Namespace, extra: list[str]) -> dict:
+    """The checkout, corpus and ``train.py`` arguments of ``--peer nanogpt``; a one-line UserError for
+    another task, a missing checkout or corpus, or a flag nanoGPT cannot follow."""
+    from geoattn.experiments.spec import peers_dir
+    from geoattn.tasks.lm.datasets import default_corpus, resolve_data
+
+    if args.task != "lm":
+        raise ConfigError(f"--peer nanogpt trains the lm task's recipe, not --task {args.task}")
+    repo = nanogpt.checkout(Path(args.nanogpt or Path(peers_dir()) / "nanogpt"))
+    nanogpt.refuse_unmapped(extra)
+    data = _flag_value(extra, "--data")
+    corpus = resolve_data(data) if data is not None else default_corpus()
+    if not corpus.is_file():
+        raise ConfigError(f"the corpus {corpus} is missing: pass -- --data FILE or set GEOATTN_CORPUS")
+    values = {f: _flag_value(extra, f) for f in nanogpt.MAPPED if _flag_value(extra, f) is not None}
+    return {"repo": repo, "corpus": corpus.resolve(), "args": nanogpt.recipe_args(values)}
+
+
+def _run_peer(peer: dict, run_dir: Path, work: Path) -> dict[str, float]:
+    """One timed ``train.py`` process in ``work``, its output in ``<run_dir>.log``: its whole-process
+    wall and what its log says (:func:`geoattn.bench.nanogpt.parse_log`); a one-line DataError naming
+    the log if it fails."""
+    log_path = Path(f"{run_dir}.log")
+    with open(log_path, "w") as log:
+        start = time.perf_counter()
+        cmd = nanogpt.command(peer["repo"], peer["args"], run_dir)
+        code = subprocess.run(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT).returncode
+        process = time.perf_counter() - start
+    text = log_path.read_text()
+    try:
+        if code != 0:
+            raise ValueError((text.strip().splitlines() or ["no output"])[-1])
+        return {"process": process, **nanogpt.parse_log(text)}
+    except ValueError as err:
+        raise DataError(f"the nanoGPT run failed: {err} (log: {log_path})") from None
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
@@ -82,13 +163,16 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
     return value
 
 
-def _train(argv: list[str], cache: Path) -> int:
-    """One `geoattn train` process with its own compile cache; its output goes to ``<out>.log``."""
+def _train(argv: list[str], cache: Path) -> tuple[int, float]:
+    """One `geoattn train` process with its own compile cache; its output goes to ``<out>.log``.
+    Returns its exit status and its wall in seconds, from its start to its exit."""
     run_dir = Path(argv[argv.index("--out") + 1])
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
     with open(f"{run_dir}.log", "w") as log:
         cmd = [sys.executable, "-m", "geoattn", *argv]
-        return subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        start = time.perf_counter()
+        code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        return code, time.perf_counter() - start
 
 
 def _failed(model: str, log: Path) -> int:
@@ -107,26 +191,60 @@ def _measure(run_dir: Path) -> dict[str, float]:
     return {"wall": summary["wall_s"], "first": steps[0], "step": statistics.median(steps), "metric": metric}
 
 
-def _table(runs: dict[str, list[dict]], args: argparse.Namespace, extra: list[str], out: Path) -> str:
-    peer = "transformer" if "transformer" in runs else next(iter(runs))
-    peer_wall = statistics.median(r["wall"] for r in runs[peer])
+def _table(
+    runs: dict[str, list[dict]], args: argparse.Namespace, extra: list[str], out: Path, peer: dict | None
+) -> str:
+    ref = "transformer" if "transformer" in runs else next(iter(runs))
     rows = []
     for model, measured in runs.items():
-        walls = [r["wall"] for r in measured]
+        process = [r["process"] for r in measured]
+        trainer = [r["wall"] for r in measured] if model != PEER_ROW else []
+        finals = " ".join("n/a" if r["metric"] is None else f"{r['metric']:.4f}" for r in measured)
         rows.append(
             [
                 model,
-                f"{min(walls):.1f} / {statistics.median(walls):.1f} / {max(walls):.1f}",
-                f"{statistics.median(walls) / peer_wall:.2f}",
-                " ".join(f"{w / p['wall']:.2f}" for w, p in zip(walls, runs[peer])),
-                f"{statistics.median(r['first'] for r in measured):.1f}",
+                _spread(process),
+                _ratio(process, [r["process"] for r in runs[ref]]),
+                " ".join(f"{w / r['process']:.2f}" for w, r in zip(process, runs[ref])),
+                _spread(trainer),
+                _ratio(trainer, [r["wall"] for r in runs[ref]]),
+                "n/a" if model == PEER_ROW else f"{statistics.median(r['first'] for r in measured):.1f}",
                 f"{1000 * statistics.median(r['step'] for r in measured):.1f}",
-                " ".join("n/a" if r["metric"] is None else f"{r['metric']:.4f}" for r in measured),
+                finals + (f" (step {measured[-1]['metric_step']})" if model == PEER_ROW else ""),
             ]
         )
     title = (
         f"whole runs: geoattn train --task {args.task} {' '.join(extra)}".rstrip()
         + f", {args.cache} compile cache, {args.repeats} run(s) per model in turn, runs in {out}"
     )
-    headers = ["model", "wall s min / med / max", f"× {peer}", "per run", "first step s", "step ms", "final"]
-    return title + "\n" + format_table(headers, rows)
+    headers = [
+        "model", "process s min / med / max", f"× {ref}", "per run", "trainer s min / med / max", f"× {ref}",
+        "first step s", "step ms", "final",
+    ]  # fmt: skip
+    notes = [
+        "process: each run's whole process, from its start to its exit (start-up, data, compile, "
+        "evaluation, checkpoints, plots), as a user waits for it; trainer: the run's own wall_s (training "
+        "and evaluation, without start-up and the final plots); first step: with its compile.",
+    ]
+    if peer is not None:
+        rev = nanogpt.revision(peer["repo"])
+        cmd = " ".join(nanogpt.command(peer["repo"], peer["args"], out / "nanogpt_R"))
+        notes += [
+            "final: ours the val loss on the whole val split (val_loss_full); nanoGPT's the val loss it "
+            "estimates on eval_iters batches at its last evaluation (the step shown: it evaluates every "
+            "eval_interval steps from step 0, and trains steps 0 .. max_iters).",
+            f"nanoGPT: cd {out / 'nanogpt'} && {cmd} (checkout {peer['repo']}{' at ' + rev if rev else ''}; "
+            f"its data from its prepare.py on {peer['corpus']})",
+        ]
+    return title + "\n" + format_table(headers, rows) + "\n" + "\n".join(notes)
+
+
+def _spread(values: list[float]) -> str:
+    """``min / median / max`` in seconds, or ``n/a``."""
+    if not values:
+        return "n/a"
+    return f"{min(values):.1f} / {statistics.median(values):.1f} / {max(values):.1f}"
+
+
+def _ratio(values: list[float], ref: list[float]) -> str:
+    return f"{statistics.median(values) / statistics.median(ref):.2f}" if values else "n/a"

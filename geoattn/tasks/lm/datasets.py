@@ -112,3 +112,9 @@ def resolve_data(spec: str) -> Path:
     if spec in DATASETS:
         return download(spec)
     raise DataError(f"data file {spec} does not exist (nor is it a dataset name: {', '.join(DATASETS)})")
+
+
+def default_corpus() -> Path:
+    """The tinyshakespeare file read when none is named: ``$GEOATTN_CORPUS``, else
+    ``../shared/data/tinyshakespeare.txt`` (``shared/`` beside the checkout, as the experiments name it)."""
+    return Path(os.environ.get("GEOATTN_CORPUS", "../shared/data/tinyshakespeare.txt"))

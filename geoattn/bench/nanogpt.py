@@ -1,0 +1,135 @@
+"""nanoGPT's own ``train.py`` as a peer of `geoattn bench train`: its CPU recipe, run from its checkout.
+
+nanoGPT reads ``data/<dataset>/`` and ``configurator.py`` relative to its working directory, so each
+bench gets a work folder laid out as the checkout is: ``data/shakespeare_char/`` holds a copy of its
+``prepare.py`` and our corpus as ``input.txt`` (so ``prepare.py`` finds it and downloads nothing), and
+``prepare.py``, run there once, writes ``train.bin`` / ``val.bin`` / ``meta.pkl`` with nanoGPT's own
+encoding; ``configurator.py`` and ``config/train_shakespeare_char.py`` are copied beside it. ``train.py``
+and ``model.py`` run from the checkout, with this interpreter (so the same torch build); nothing is
+written into the checkout.
+
+Our ``geoattn train`` flags that reach nanoGPT (:data:`MAPPED`): ``--max-iters N`` (its
+``--max_iters=N --lr_decay_iters=N``), ``--eval-interval``, ``--eval-iters``, ``--log-interval``, and
+``--data`` (the corpus both sides read). :data:`OURS_ONLY` (``--compile``, ``--no-plots``) change how
+our process runs, not the recipe. Any other flag would change one side's recipe only and is refused.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from geoattn.errors import ConfigError, DataError
+
+DATASET = "shakespeare_char"
+CONFIG = "config/train_shakespeare_char.py"
+# nanoGPT's README command for a CPU, at SPEC §3's lm row (4 layers × 4 heads × 128, ctx 64, batch 12)
+RECIPE = (
+    CONFIG, "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
+    "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
+    "--lr_decay_iters=2000", "--dropout=0.0",
+)  # fmt: skip
+MAPPED: dict[str, Callable[[int], list[str]]] = {
+    "--max-iters": lambda n: [f"--max_iters={n}", f"--lr_decay_iters={n}"],
+    "--eval-interval": lambda n: [f"--eval_interval={n}"],
+    "--eval-iters": lambda n: [f"--eval_iters={n}"],
+    "--log-interval": lambda n: [f"--log_interval={n}"],
+}
+OURS_ONLY = ("--compile", "--no-plots")
+NEEDED = ("train.py", "configurator.py", CONFIG, f"data/{DATASET}/prepare.py")
+_EVAL = re.compile(r"^step (\d+): train loss ([-+\d.eE]+|nan), val loss ([-+\d.eE]+|nan)", re.MULTILINE)
+_ITER = re.compile(r"^iter (\d+): loss \S+, time ([\d.]+)ms", re.MULTILINE)
+
+
+def checkout(path: Path) -> Path:
+    """``path`` if it holds the nanoGPT files the runs read (:data:`NEEDED`); else a one-line
+    ConfigError saying how to get them."""
+    if not all((path / name).is_file() for name in NEEDED):
+        raise ConfigError(
+            f"no nanoGPT checkout at {path} ({', '.join(NEEDED)}): "
+            f"git clone https://github.com/karpathy/nanoGPT {path}, or pass --nanogpt DIR"
+        )
+    return path
+
+
+def flag_names(argv: list[str]) -> list[str]:
+    """The flags in ``argv`` (``--flag value`` or ``--flag=value``), in order."""
+    return [arg.split("=", 1)[0] for arg in argv if arg.startswith("--")]
+
+
+def refuse_unmapped(argv: list[str]) -> None:
+    """A one-line ConfigError naming the flags of ``argv`` that nanoGPT's run cannot follow."""
+    refused = [f for f in flag_names(argv) if f not in MAPPED and f not in OURS_ONLY and f != "--data"]
+    if refused:
+        mapped = ", ".join([*MAPPED, "--data"])
+        raise ConfigError(
+            f"--peer nanogpt runs the same recipe on both sides; {', '.join(refused)} would change ours only "
+            f"(flags that reach nanoGPT: {mapped}; ours only: {', '.join(OURS_ONLY)})"
+        )
+
+
+def recipe_args(values: dict[str, str]) -> list[str]:
+    """``train.py``'s arguments: :data:`RECIPE`, then our mapped flags' ``values`` (by flag name)."""
+    args = list(RECIPE)
+    for flag, value in values.items():
+        try:
+            n = int(value)
+        except ValueError:
+            raise ConfigError(f"{flag} {value!r} is not a whole number") from None
+        args += MAPPED[flag](n)
+    return args
+
+
+def prepare(repo: Path, corpus: Path, work: Path) -> Path:
+    """Lay out ``work`` as the checkout (see the module docstring) and run ``prepare.py`` there on
+    ``corpus``; its output goes to ``work/prepare.log``. Returns ``work``."""
+    data = work / "data" / DATASET
+    data.mkdir(parents=True)
+    shutil.copyfile(repo / "data" / DATASET / "prepare.py", data / "prepare.py")
+    shutil.copyfile(corpus, data / "input.txt")
+    for name in ("configurator.py", CONFIG):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(repo / name, work / name)
+    with open(work / "prepare.log", "w") as log:
+        cmd = [sys.executable, str(data / "prepare.py")]
+        done = subprocess.run(cmd, cwd=data, stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode != 0 or not (data / "train.bin").is_file():
+        tail = (work / "prepare.log").read_text().strip().splitlines()[-1:] or ["no output"]
+        raise DataError(f"nanoGPT's prepare.py failed: {tail[0]} (log: {work / 'prepare.log'})")
+    return work
+
+
+def command(repo: Path, args: list[str], run_dir: Path) -> list[str]:
+    """The ``train.py`` process of one run, writing its checkpoint to ``run_dir``."""
+    return [sys.executable, str(repo / "train.py"), *args, f"--out_dir={run_dir}"]
+
+
+def parse_log(text: str) -> dict[str, float]:
+    """From a ``train.py`` log: its last evaluation's ``metric`` (val loss, estimated on ``eval_iters``
+    batches) and ``metric_step``, and the median ``step`` in seconds of its ``iter N: ... time Xms``
+    lines. ValueError if it has no evaluation line."""
+    evals = _EVAL.findall(text)
+    if not evals:
+        raise ValueError("no 'step N: train loss X, val loss Y' line")
+    step, _, val = evals[-1]
+    times = [float(ms) / 1000 for _, ms in _ITER.findall(text)]
+    return {
+        "metric": float(val),
+        "metric_step": int(step),
+        "step": statistics.median(times) if times else float("nan"),
+    }
+
+
+def revision(repo: Path) -> str:
+    """The checkout's short commit, or ``""`` when it is not a git checkout."""
+    if not (repo / ".git").exists():
+        return ""
+    done = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return done.stdout.strip() if done.returncode == 0 else ""
