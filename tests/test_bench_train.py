@@ -158,8 +158,9 @@ def test_nanogpt_runs_in_turn_on_the_same_corpus_from_its_prepared_folder(tmp_pa
     monkeypatch.setenv("GEOATTN_CORPUS", str(corpus))
     monkeypatch.setenv("BENCH_CALLS", str(calls))
     monkeypatch.setattr(bench_train, "_train", _fake_ours(calls, argvs))
+    monkeypatch.chdir(tmp_path)  # a checkout named relative to here still runs from --out
     out = tmp_path / "bench"
-    argv = ["bench", "train", "--peer", "nanogpt", "--nanogpt", str(repo), "--models", "transformer"]
+    argv = ["bench", "train", "--peer", "nanogpt", "--nanogpt", "nanogpt", "--models", "transformer"]
     argv += [
         "--repeats",
         "2",

@@ -123,7 +123,7 @@ def _peer(args: argparse.Namespace, extra: list[str]) -> dict:
 
     if args.task != "lm":
         raise ConfigError(f"--peer nanogpt trains the lm task's recipe, not --task {args.task}")
-    repo = nanogpt.checkout(Path(args.nanogpt or Path(peers_dir()) / "nanogpt"))
+    repo = nanogpt.checkout(Path(args.nanogpt or Path(peers_dir()) / "nanogpt").resolve())  # runs elsewhere
     nanogpt.refuse_unmapped(extra)
     data = _flag_value(extra, "--data")
     corpus = resolve_data(data) if data is not None else default_corpus()
