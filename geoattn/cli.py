@@ -106,7 +106,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def train_config_from_args(args: argparse.Namespace):
     """The TrainConfig of ``geoattn train`` (saved config, TOML, --set and flags layered)."""
-    from geoattn.training.config import build_config, load_toml, parse_set
+    from geoattn.recipes import build_config
+    from geoattn.training.config import load_toml, parse_set
     from geoattn.training.run_dir import RunDirectory
 
     base = RunDirectory(args.out).read_config()["train"] if args.resume else {}
@@ -122,6 +123,7 @@ def train_config_from_args(args: argparse.Namespace):
 
 
 def cmd_list_settings(args: argparse.Namespace) -> int:
+    from geoattn.recipes import recipe as model_recipe
     from geoattn.tasks import task_class
 
     config = train_config_from_args(args)
@@ -129,7 +131,7 @@ def cmd_list_settings(args: argparse.Namespace) -> int:
     print(f"task {task.name}: {task.description}")
     print(format_table(["--model", "what"], [[name, text] for name, text in task.models.items()]))
     model = config.model if config.model in task.models else None
-    recipe = task.recipes.get(config.model)
+    recipe = model_recipe(config.task, config.model)
     if recipe:
         print(f"\n{config.model}'s recipe (its defaults here, measured): {recipe}")
     print(f"\nsettings (--set KEY=VALUE){'' if model else ' (pick --model to see its model.* keys)'}:")
@@ -162,17 +164,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace, env) -> int:
     import torch
 
-    from geoattn.tasks import get_task
     from geoattn.training import distributed
     from geoattn.training.run_dir import RunDirectory
-    from geoattn.training.trainer import Trainer
+    from geoattn.training.trainer import Trainer, run_task
 
     run = RunDirectory(args.out)
     run.prepare(resume=args.resume, force=args.force, clear=env.is_main)
     config = train_config_from_args(args)
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available")
-    task = get_task(config, meta=run.read_config()["task"] if args.resume else None)
+    task = run_task(config, meta=run.read_config()["task"] if args.resume else None)
     task.check_model(config.model)
     device = distributed.init(env, config.device)
     trainer = Trainer(config, task, run.path, env=env, device=device)

@@ -87,9 +87,8 @@ def filter_comparison(out: Path, iters: int, device: str) -> None:
 
     from geoattn.formatting import format_table
     from geoattn.tasks import get_task
-    from geoattn.training.config import TrainConfig
 
-    task = get_task(TrainConfig(task="filter", block_size=FILTER_SEQ_LEN))
+    task = get_task("filter", block_size=FILTER_SEQ_LEN)
     c = task.config
     print(f"\n2. The filter task: estimate a direction drifting on the sphere in R^{c.dim} from {c.seq_len}")
     print(f"   noisy measurements whose magnitude is their confidence; rt vs transformer, {iters} steps each")
@@ -151,9 +150,8 @@ BASELINE_NAMES = {
 def lm_comparison(out: Path, data: str, iters: int, device: str) -> None:
     from geoattn.formatting import format_table
     from geoattn.tasks import get_task
-    from geoattn.training.config import TrainConfig
 
-    task = get_task(TrainConfig(task="lm", data=data, block_size=64))
+    task = get_task("lm", data=data, block_size=64)
     print(f"\n3. Character LM on {data}: rt vs transformer, {iters} steps each (2 layers x 64, context 64)")
     rows = []
     for model in FILTER_MODELS:

@@ -15,10 +15,9 @@ from geoattn.cli import main
 from geoattn.errors import CheckpointError
 from geoattn.experiments import execute, load_spec, plan
 from geoattn.experiments.report import EVERY_SEED, VERDICT_RULE, Stat, compare, verdict, welch
-from geoattn.tasks import get_task
 from geoattn.training.config import TrainConfig
 from geoattn.training.run_dir import RunDirectory
-from geoattn.training.trainer import Trainer
+from geoattn.training.trainer import Trainer, run_task
 
 SPEC = """
 description = "a tiny grid"
@@ -95,7 +94,7 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(workdir, monkeypatch):
     spec = load_spec("tiny")
     first = plan(spec, workdir / "runs")[0]  # seed 1, first cell
     config = TrainConfig(**first.config)
-    trainer = Trainer(config, get_task(config), first.out, verbose=False)
+    trainer = Trainer(config, run_task(config), first.out, verbose=False)
     step = trainer._step
 
     def stop_after_three():  # what Ctrl-C does: the trainer saves and stops

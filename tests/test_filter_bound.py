@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from geoattn.models.base import ModelSizes
 from geoattn.tasks.filter import FilterConfig, FilterTask
-from geoattn.training.config import TrainConfig
 
 
 def test_particle_sizes_the_cache_and_the_gap_to_the_bound(tmp_path, monkeypatch):
@@ -15,10 +15,9 @@ def test_particle_sizes_the_cache_and_the_gap_to_the_bound(tmp_path, monkeypatch
     # chunked: a state tensor of at most 2 sequences' particles gives the same shapes and finite values
     chunked = task.particle_estimates("val", 200, max_elements=2 * 200 * config.dim)
     assert chunked.shape == (6, 8, config.dim) and torch.isfinite(chunked).all()
-    run = TrainConfig(task="filter", n_layer=1, n_head=2, n_embd=16)
     torch.manual_seed(0)
-    model = task.build_model("transformer", run)
-    metrics = task.final_metrics(model, run, torch.device("cpu"))
+    model = task.build_model("transformer", ModelSizes(n_layer=1, n_head=2, n_embd=16))
+    metrics = task.final_metrics(model, torch.device("cpu"))
     assert {"angle_deg_full", "baseline_particle", "baseline_particle_200", "baseline_kalman"} <= set(metrics)
     bound = metrics["baseline_particle_200"]  # the largest size is the reference
     assert abs(metrics["gap_to_particle_pct"] - 100 * (metrics["angle_deg_full"] / bound - 1)) < 1e-9

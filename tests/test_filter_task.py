@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from geoattn.algebra.rotation import rotate_pairs
+from geoattn.models.base import ModelSizes
 from geoattn.tasks.filter import FilterConfig, FilterTask, estimators, simulate
-from geoattn.training.config import TrainConfig
 
 MODELS = ("transformer", "rt", "rfa", "ngpt")
 
@@ -20,9 +20,9 @@ def task() -> FilterTask:
     return FilterTask(FilterConfig(val_size=128, n_particles=500))
 
 
-def tiny(**options) -> TrainConfig:
-    """A small run config; ``options`` are its ``model.*`` settings."""
-    return TrainConfig(task="filter", n_layer=1, n_head=2, n_embd=16, dropout=0.0, model_options=options)
+def tiny(**options) -> tuple[ModelSizes, dict]:
+    """A small run's sizes and ``model.*`` settings ``options`` (``build_model``'s arguments)."""
+    return ModelSizes(n_layer=1, n_head=2, n_embd=16, dropout=0.0), options
 
 
 def test_simulated_sequences_have_the_stated_properties(task):
@@ -204,10 +204,10 @@ def test_bad_requests_raise(task):
     with pytest.raises(ValueError, match="split"):
         task.get_batch("test", 2, torch.Generator())
     with pytest.raises(ValueError, match="transformer, rt, rfa, ngpt"):
-        task.build_model("gatr", tiny())
+        task.build_model("gatr", *tiny())
     with pytest.raises(ValueError, match="unknown model setting"):
-        task.build_model("transformer", tiny(not_a_field=1))
-    model = task.build_model("transformer", tiny())
+        task.build_model("transformer", *tiny(not_a_field=1))
+    model = task.build_model("transformer", *tiny())
     with pytest.raises(ValueError, match=r"\(B, T, D \+ 1\)"):
         model(torch.zeros(2, 5, 8))
 
@@ -220,7 +220,7 @@ def test_config_accepts_lists_from_toml():
 @pytest.mark.parametrize("name", MODELS)
 def test_models_are_causal_and_differentiable(task, name):
     torch.manual_seed(0)
-    model = task.build_model(name, tiny())
+    model = task.build_model(name, *tiny())
     x, y = task.get_batch("val", 2, torch.Generator().manual_seed(0))
     x, y = x[:, :12], y[:, :12]
     prediction, loss = model(x, y)
@@ -243,7 +243,7 @@ def test_models_are_causal_and_differentiable(task, name):
 def test_rt_model_sees_the_token_magnitude(task):
     # rescaling one token changes the rt model's output: |z| reaches the sphere backbone as a feature
     torch.manual_seed(0)
-    model = task.build_model("rt", tiny())
+    model = task.build_model("rt", *tiny())
     x, _ = task.get_batch("val", 1, torch.Generator().manual_seed(0))
     scaled = x.clone()
     scaled[:, 3, :8] *= 4.0
@@ -259,7 +259,7 @@ def test_a_short_training_run_beats_the_uniform_mean(task):
     train = simulate(task.config, 512, generator)
     x_train = torch.cat((train.z, train.times[..., None]), dim=-1).float()
     y_train = train.directions.float()
-    model = task.build_model("transformer", TrainConfig(task="filter", n_layer=1, n_head=2, n_embd=32))
+    model = task.build_model("transformer", ModelSizes(n_layer=1, n_head=2, n_embd=32))
     optimizer = torch.optim.AdamW(model.optim_groups(0.0), lr=3e-3)
     for _ in range(120):
         index = torch.randint(512, (32,), generator=generator)

@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import SHAKESPEARE
 
-from geoattn.tasks import get_task
 from geoattn.tasks.lm import LMTask
 from geoattn.tasks.lm import datasets as registry
 from geoattn.training.config import TrainConfig
+from geoattn.training.trainer import run_task
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_a_checkpoint_vocabulary_keeps_ids_and_rejects_unknown_characters(task, 
     with pytest.raises(ValueError, match="not in the vocabulary: '@'"):
         task.encode("to be @ home")
     with pytest.raises(ValueError, match="the lm task needs --data"):
-        get_task(TrainConfig(task="lm", data=None))
+        run_task(TrainConfig(task="lm", data=None))
 
 
 @pytest.mark.parametrize(

@@ -152,16 +152,15 @@ def test_egnn_is_e3_equivariant(system):
 
 def test_egnn_trains_on_the_charged_files(tmp_path):
     """A short run through the trainer: the test MSE beats the no-motion baseline of the same set."""
-    from geoattn.tasks import get_task
-    from geoattn.training.config import build_config
-    from geoattn.training.trainer import Trainer
+    from geoattn.recipes import build_config
+    from geoattn.training.trainer import Trainer, run_task
 
     config = build_config(
         dict(task="nbody", model="egnn", data=str(EGNN_FILES), task_options={"system": "charged"},
              max_iters=60, batch_size=10, eval_interval=60, eval_iters=1, out=str(tmp_path / "run"),
              n_layer=2, n_embd=32, lr=3e-3, min_lr=3e-3, plots=False)
     )  # fmt: skip
-    task = get_task(config)
+    task = run_task(config)
     summary = Trainer(config, task, tmp_path / "run", verbose=False).train()
     assert summary["final"]["test_mse"] < task.baselines("test")["static_mse"]
     assert summary["final"]["equivariance_error"] < 1e-4

@@ -133,7 +133,7 @@ def test_the_rotor_default_is_the_best_measured_setting_at_gatrs_budget():
     """`--task nbody --model rotor` without flags trains the best cell of experiments/nbody.toml on
     GATr's schedule; flags still win over the recipe."""
     from geoattn.experiments import load_spec
-    from geoattn.training.config import build_config
+    from geoattn.recipes import build_config
 
     config = build_config({"task": "nbody", "model": "rotor"})
     settings = (config.lr, config.n_embd, config.lr_schedule, config.warmup_iters)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import random_o3_versor
 
+from geoattn.models.base import ModelSizes
 from geoattn.tasks.nbody import (
     SETS,
     NBodyConfig,
@@ -24,7 +25,6 @@ from geoattn.tasks.nbody import (
     simulate_systems,
     symplectic_euler,
 )
-from geoattn.training.config import TrainConfig
 
 SMALL = {"train_size": 64, "val_size": 200, "eval_size": 48, "e3_size": 32, "object_size": 24}
 
@@ -34,9 +34,9 @@ def task() -> NBodyTask:
     return NBodyTask(NBodyConfig(**SMALL))
 
 
-def sizes(**options) -> TrainConfig:
-    """A small run config; ``options`` are its ``model.*`` settings."""
-    return TrainConfig(task="nbody", n_layer=1, n_head=4, n_embd=32, dropout=0.0, model_options=options)
+def sizes(**options) -> tuple[ModelSizes, dict]:
+    """A small run's sizes and ``model.*`` settings ``options`` (``build_model``'s arguments)."""
+    return ModelSizes(n_layer=1, n_head=4, n_embd=32, dropout=0.0), options
 
 
 def energy(m, x, v):
@@ -352,11 +352,11 @@ def test_bad_requests_raise(task):
     with pytest.raises(ValueError, match="unknown split"):
         task.get_batch("test", 2, torch.Generator())
     with pytest.raises(ValueError, match="transformer, rotor"):
-        task.build_model("rt", sizes())
+        task.build_model("rt", *sizes())
     with pytest.raises(ValueError, match="unknown model setting"):
-        task.build_model("rotor", sizes(in_channels=4))
+        task.build_model("rotor", *sizes(in_channels=4))
     with pytest.raises(ValueError, match=r"\(B, n, 7\)"):
-        task.build_model("transformer", sizes())(torch.zeros(2, 4, 6))
+        task.build_model("transformer", *sizes())(torch.zeros(2, 4, 6))
 
 
 def _centred_batch(task, count=64):
@@ -368,13 +368,13 @@ def _centred_batch(task, count=64):
 
 def test_rotor_model_is_e3_equivariant(task):
     torch.manual_seed(0)
-    model = task.build_model("rotor", sizes(n_layer=2)).double()
+    model = task.build_model("rotor", *sizes(n_layer=2)).double()
     x = _centred_batch(task)
     for seed in range(2):
         assert equivariance_error(model, x, torch.Generator().manual_seed(seed), shift_std=5.0) < 1e-8
     # float32 with projection heads: < 1e-5
     torch.manual_seed(0)
-    projection = task.build_model("rotor", sizes(n_layer=2, head_types=("projection",) * 4))
+    projection = task.build_model("rotor", *sizes(n_layer=2, head_types=("projection",) * 4))
     assert equivariance_error(projection, x.float(), torch.Generator().manual_seed(0)) < 1e-5
     # float32 with rotation/reflection heads: bounded by their antiparallel guard (see NBodyRotor)
     assert equivariance_error(model.float(), x.float(), torch.Generator().manual_seed(0)) < 2e-3
@@ -384,7 +384,7 @@ def test_rotor_model_is_e3_equivariant(task):
 def test_rotor_embedding_and_read_out_follow_the_algebras_versors(task, algebra):
     """embed(Q u) = V · embed(u) and displacement(V · mv) = Q displacement(mv) for O(3) versors V with
     matrix Q (read off how V moves the basis vectors), rotations and reflections."""
-    model = task.build_model("rotor", sizes(algebra=algebra)).double()
+    model = task.build_model("rotor", *sizes(algebra=algebra)).double()
     ga = model.algebra
     generator = torch.Generator().manual_seed(3)
     u = torch.randn(5, 3, generator=generator, dtype=torch.float64)
@@ -401,7 +401,7 @@ def test_rotor_embedding_and_read_out_follow_the_algebras_versors(task, algebra)
 
 def test_pga_rotor_model_is_e3_equivariant_in_float64(task):
     torch.manual_seed(0)
-    model = task.build_model("rotor", sizes(n_layer=2, algebra="pga")).double()
+    model = task.build_model("rotor", *sizes(n_layer=2, algebra="pga")).double()
     assert model.algebra.r == 1 and model.algebra.dim == 16
     x = task.dataset("e3_generalization").inputs()[:32]  # far from the origin: translations must be exact
     for seed in range(3):  # rotations and reflections (random_orthogonal), translations of std 20
@@ -413,8 +413,7 @@ def test_pga_rotor_model_is_e3_equivariant_in_float64(task):
 def test_pga_rotor_model_learns(task):
     """150 steps of a 0.8 k-parameter PGA model halve the error of predicting no motion."""
     torch.manual_seed(0)
-    config = TrainConfig(task="nbody", n_layer=1, n_head=2, n_embd=16, model_options={"algebra": "pga"})
-    model = task.build_model("rotor", config)
+    model = task.build_model("rotor", ModelSizes(n_layer=1, n_head=2, n_embd=16), {"algebra": "pga"})
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(0)
     for _ in range(150):
@@ -432,7 +431,7 @@ def test_pga_rotor_model_learns(task):
 
 def test_transformer_is_translation_and_permutation_equivariant_but_not_rotation(task):
     torch.manual_seed(0)
-    model = task.build_model("transformer", sizes()).double()
+    model = task.build_model("transformer", *sizes()).double()
     x = _centred_batch(task, 16)
     shifted = x.clone()
     shifted[..., 1:4] += torch.tensor([3.0, -2.0, 1.0], dtype=x.dtype)
@@ -451,7 +450,7 @@ def test_transformer_is_translation_and_permutation_equivariant_but_not_rotation
 
 def test_evaluate_sets_and_a_short_training_run(task):
     torch.manual_seed(0)
-    model = task.build_model("transformer", TrainConfig(task="nbody", n_layer=2, n_head=4, n_embd=64))
+    model = task.build_model("transformer", ModelSizes(n_layer=2, n_head=4, n_embd=64))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(0)
     for _ in range(150):

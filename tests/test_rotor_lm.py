@@ -19,7 +19,6 @@ from geoattn.models.lm import LMConfig, TransformerLM
 from geoattn.models.rotor_lm import RotorLM, RotorLMConfig
 from geoattn.tasks.filter import FilterConfig, FilterTask
 from geoattn.tasks.lm import LMTask
-from geoattn.training.config import TrainConfig
 
 SMALL = dict(vocab_size=65, block_size=16, n_layer=2, channels=4, scalars=8, head_channels=2)
 HEADS = {
@@ -312,15 +311,13 @@ def test_a_run_loads_with_the_head_types_it_was_trained_with(tmp_path):
 
 def test_the_lm_and_filter_tasks_build_rotor_models():
     sizes = dict(n_layer=1, n_head=2, n_embd=16)
-    lm = LMTask(None, block_size=8, vocab="abc").build_model("rotor", TrainConfig(task="lm", **sizes))
+    lm = LMTask(None, block_size=8, vocab="abc").build_model("rotor", ModelSizes(**sizes))
     assert isinstance(lm, RotorLM) and lm.config.vocab_size == 3
     options = {"aggregation": "compose"}
-    composed = LMTask(None, block_size=8, vocab="abc").build_model(
-        "rotor", TrainConfig(task="lm", **sizes, model_options=options)
-    )
+    composed = LMTask(None, block_size=8, vocab="abc").build_model("rotor", ModelSizes(**sizes), options)
     assert composed.stack.blocks[0].attn.aggregation == "compose"
     task = FilterTask(FilterConfig(val_size=8))
-    model = task.build_model("rotor", TrainConfig(task="filter", **sizes))
+    model = task.build_model("rotor", ModelSizes(**sizes))
     x, y = task.get_batch("val", 2, torch.Generator().manual_seed(0))
     x, y = x[:, :12], y[:, :12]
     prediction, loss = model(x, y)

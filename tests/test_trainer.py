@@ -19,7 +19,7 @@ from geoattn.tasks.lm import LMTask
 from geoattn.training import run_dir
 from geoattn.training.config import TrainConfig
 from geoattn.training.run_dir import RunDirectory
-from geoattn.training.trainer import Trainer, make_optimizer, scheduled_lr
+from geoattn.training.trainer import Trainer, make_optimizer, run_model, scheduled_lr
 
 
 @pytest.fixture(scope="module")
@@ -308,8 +308,8 @@ def test_the_fused_optimizer_updates_as_plain_adamw(task, tmp_path, model):
     # unfused reference implementation, step for step, on every parameter group
     config = tiny(tmp_path, model=model)
     torch.manual_seed(0)
-    fused_model = task.build_model(model, config)
-    plain_model = task.build_model(model, config)
+    fused_model = run_model(task, config)
+    plain_model = run_model(task, config)
     plain_model.load_state_dict(fused_model.state_dict())
     fused = make_optimizer(fused_model, config)
     plain = torch.optim.AdamW(

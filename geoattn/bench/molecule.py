@@ -175,9 +175,8 @@ def rotor_overrides(items: list[str]) -> dict[str, Any]:
 def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: int) -> dict[str, Any]:
     """geoattn's trainer on the task with its rotor recipe (``MoleculeTask.recipes``) and
     ``--rotor-set`` on top: ``epochs · n_train / batch_size`` steps."""
-    from geoattn.tasks import get_task
-    from geoattn.training.config import build_config
-    from geoattn.training.trainer import Trainer
+    from geoattn.recipes import build_config
+    from geoattn.training.trainer import Trainer, run_task
 
     user = rotor_overrides(args.rotor_set)
     run = {"task": "molecule", "model": "rotor", "data": args.data}
@@ -196,7 +195,7 @@ def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: i
     config = build_config(run, split, user, schedule)
     torch.manual_seed(args.seed)
     # the run's own task: task.* settings (the embedding, the loss weights) live in the task's config
-    trainer = Trainer(config, get_task(config), out, verbose=False)
+    trainer = Trainer(config, run_task(config), out, verbose=False)
     result = trainer.train()
     model = trainer.model
     return {

@@ -96,9 +96,8 @@ def run_one(
 
 
 def _train_and_evaluate(train, run: RunDirectory, evaluate: bool) -> dict[str, Any]:
-    from geoattn.tasks import get_task
     from geoattn.training.evaluate import evaluation_rows, load_run
-    from geoattn.training.trainer import Trainer
+    from geoattn.training.trainer import Trainer, run_task
 
     status, _ = _status(run, train.max_iters, evaluate)  # now, under the claim (the plan may be old)
     if status == "done":
@@ -107,7 +106,7 @@ def _train_and_evaluate(train, run: RunDirectory, evaluate: bool) -> dict[str, A
     if status in ("new", "resume"):
         resume = status == "resume"
         run.prepare(resume=resume)
-        task = get_task(train, meta=run.read_config()["task"] if resume else None)
+        task = run_task(train, meta=run.read_config()["task"] if resume else None)
         trainer = Trainer(train, task, run.path, verbose=False)
         if resume:
             trainer.resume()

@@ -63,7 +63,8 @@ from pathlib import Path
 from typing import Any
 
 from geoattn.errors import ConfigError
-from geoattn.training.config import FIELDS, TrainConfig, build_config
+from geoattn.recipes import build_config
+from geoattn.training.config import FIELDS, TrainConfig
 
 if sys.version_info >= (3, 11):
     import tomllib

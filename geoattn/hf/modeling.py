@@ -53,15 +53,14 @@ def build_lm_model(name: str, lm_config: dict[str, Any], vocab: str, block_size:
     (vocabulary size, context) come from ``vocab`` and ``block_size``, every other field is passed as
     a ``model.*`` option. ConfigError if the built model's config differs from ``lm_config``.
     """
+    from geoattn.models.base import ModelSizes
     from geoattn.tasks.lm.task import LMTask
-    from geoattn.training.config import TrainConfig
 
     LMTask.check_model(name)
     _, fixed = LMTask.model_settings(name)
     options = {k: v for k, v in lm_config.items() if k not in fixed}
     task = LMTask(None, block_size, vocab=vocab)
-    run = TrainConfig(task="lm", model=name, block_size=block_size, model_options=options)
-    model = task.build_model(name, run)
+    model = task.build_model(name, ModelSizes(block_size=block_size), options)
     built = dataclasses.asdict(model.config)
     if _canonical(built) != _canonical(lm_config):
         differ = sorted(k for k in built.keys() | lm_config.keys() if built.get(k) != lm_config.get(k))

@@ -8,13 +8,10 @@ one line here.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from geoattn.errors import ConfigError
 from geoattn.tasks.base import EvalRow, Task
-
-if TYPE_CHECKING:
-    from geoattn.training.config import TrainConfig
 
 TASKS = {
     "lm": "geoattn.tasks.lm.task:LMTask",
@@ -33,9 +30,19 @@ def task_class(name: str) -> type[Task]:
     return getattr(importlib.import_module(module), cls)
 
 
-def get_task(config: TrainConfig, *, meta: dict[str, Any] | None = None, load_data: bool = True) -> Task:
-    """The task of the run ``config`` (see :meth:`Task.from_config`)."""
-    return task_class(config.task).from_config(config, meta=meta, load_data=load_data)
+def get_task(
+    name: str,
+    options: dict[str, Any] | None = None,
+    *,
+    data: str | None = None,
+    block_size: int,
+    meta: dict[str, Any] | None = None,
+    load_data: bool = True,
+) -> Task:
+    """The task ``name`` with its ``task.*`` ``options`` (see :meth:`Task.from_options`)."""
+    return task_class(name).from_options(
+        options, data=data, block_size=block_size, meta=meta, load_data=load_data
+    )
 
 
 __all__ = ["TASKS", "Task", "EvalRow", "task_class", "get_task"]

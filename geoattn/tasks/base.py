@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -23,9 +23,6 @@ from torch import Tensor
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.settings import describe_settings, settings_from
-
-if TYPE_CHECKING:
-    from geoattn.training.config import TrainConfig
 
 
 @dataclass
@@ -50,42 +47,56 @@ class Task(ABC):
     models: ClassVar[dict[str, str]]
     Settings: ClassVar[type | None] = None
     description: ClassVar[str] = ""
-    # model name -> TrainConfig fields of its best known recipe (measured; see results/): the defaults
-    # of `geoattn train --task T --model M`, below anything the user sets
+    # model name -> run settings of its best known recipe (measured; see results/): the defaults of
+    # `geoattn train --task T --model M`, below anything the user sets (layered by geoattn.recipes)
     recipes: ClassVar[dict[str, dict[str, Any]]] = {}
     # models whose torch.compile'd training step measured faster (`geoattn bench lm`): the trainer
-    # compiles them by default in runs long enough to win back the compilation (TrainConfig.compile)
+    # compiles them by default in runs long enough to win back the compilation (its --compile)
     compile_wins: ClassVar[frozenset[str]] = frozenset()
 
     # ------------------------------------------------------------------ construction -------------
     @classmethod
-    def from_config(
-        cls, config: TrainConfig, *, meta: dict[str, Any] | None = None, load_data: bool = True
+    def from_options(
+        cls,
+        options: dict[str, Any] | None = None,
+        *,
+        data: str | None = None,
+        block_size: int,
+        meta: dict[str, Any] | None = None,
+        load_data: bool = True,
     ) -> Task:
-        """The task of a run: its ``task.*`` options checked against ``Settings``, then
-        :meth:`from_settings`. ``meta`` is a checkpoint's :meth:`meta` (lm: the vocabulary);
+        """The task of a run: its ``task.*`` ``options`` checked against ``Settings``, then
+        :meth:`from_settings`. ``data`` is the run's ``--data``, ``block_size`` its context (lm) or
+        sequence length (filter); ``meta`` is a checkpoint's :meth:`meta` (lm: the vocabulary);
         ``load_data=False`` builds only what a loaded model needs (e.g. for sampling)."""
+        options = options or {}
         if cls.Settings is None:
-            if config.task_options:
-                keys = ", ".join(f"task.{k}" for k in sorted(config.task_options))
+            if options:
+                keys = ", ".join(f"task.{k}" for k in sorted(options))
                 raise ConfigError(f"the {cls.name} task takes no task settings, got {keys}")
             settings = None
         else:
-            defaults = cls.settings_defaults(config)
-            settings = settings_from(cls.Settings, config.task_options, prefix="task", defaults=defaults)
-        return cls.from_settings(settings, config, meta=meta, load_data=load_data)
+            defaults = cls.settings_defaults(data=data, block_size=block_size)
+            settings = settings_from(cls.Settings, options, prefix="task", defaults=defaults)
+        return cls.from_settings(settings, data=data, block_size=block_size, meta=meta, load_data=load_data)
 
     @classmethod
-    def settings_defaults(cls, config: TrainConfig) -> dict[str, Any]:
+    def settings_defaults(cls, *, data: str | None, block_size: int) -> dict[str, Any]:
         """Settings that follow the run's flags unless set (filter: ``seq_len`` = ``--block-size``)."""
         return {}
 
     @classmethod
     @abstractmethod
     def from_settings(
-        cls, settings: Any, config: TrainConfig, *, meta: dict[str, Any] | None, load_data: bool
+        cls,
+        settings: Any,
+        *,
+        data: str | None,
+        block_size: int,
+        meta: dict[str, Any] | None,
+        load_data: bool,
     ) -> Task:
-        """Build the task from its validated settings and the run's config (``data``, ``block_size``)."""
+        """Build the task from its validated settings, the run's ``data`` and ``block_size``."""
 
     @classmethod
     def settings_table(cls, model: str | None = None) -> list[list[str]]:
@@ -107,10 +118,10 @@ class Task(ABC):
         if model not in cls.models:
             raise ConfigError(f"the {cls.name} task supports models {', '.join(cls.models)}, not {model!r}")
 
-    def build_model(self, model: str, config: TrainConfig) -> TaskModel:
-        """The network for ``--model model`` with the run's sizes and ``model.*`` options."""
+    def build_model(self, model: str, sizes: ModelSizes, options: dict[str, Any] | None = None) -> TaskModel:
+        """The network for ``--model model`` with the run's ``sizes`` and ``model.*`` ``options``."""
         self.check_model(model)
-        return self._build(model, config.sizes, config.model_options)
+        return self._build(model, sizes, options or {})
 
     @abstractmethod
     def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
@@ -135,22 +146,23 @@ class Task(ABC):
         """Reference numbers beside the learned models (e.g. the optimal filter), keyed by name."""
         return {}
 
-    def final_metrics(self, model: TaskModel, config: TrainConfig, device: torch.device) -> dict[str, float]:
+    def final_metrics(self, model: TaskModel, device: torch.device) -> dict[str, float]:
         """Full-set metrics computed once at the end of training (lm: the whole validation split)."""
         return {}
 
     def evaluation(
         self,
         model: TaskModel,
-        config: TrainConfig,
         device: torch.device,
         sampled: Callable[[], dict[str, float]],
+        *,
+        over: str,
     ) -> list[EvalRow]:
-        """The rows of ``geoattn eval``: ``sampled()`` gives the trainer's batch estimates; tasks add
-        their full-set metrics and baselines (default: the estimates, the final metrics, baselines)."""
-        over = f"{config.eval_iters} batches of {config.batch_size}"
+        """The rows of ``geoattn eval``: ``sampled()`` gives the trainer's batch estimates (measured
+        ``over``, e.g. "20 batches of 12"); tasks add their full-set metrics and baselines (default:
+        the estimates, the final metrics, baselines)."""
         rows = [EvalRow(k, v, over) for k, v in sampled().items()]
-        full = self.final_metrics(model, config, device)
+        full = self.final_metrics(model, device)
         rows += [EvalRow(k, v, "full set") for k, v in full.items()]
         rows += [EvalRow(f"baseline_{k}", v, "val pool") for k, v in self.baselines("val").items()]
         return rows

@@ -2,7 +2,8 @@
 
 Precedence, lowest first: the defaults below, the task's recipe for the model (``Task.recipes``: the
 best settings measured for it), a checkpoint's saved config (``--resume``), a TOML file
-(``--config``), ``--set key=value`` overrides, explicit command-line flags.
+(``--config``), ``--set key=value`` overrides, explicit command-line flags. This module knows no
+task: :func:`geoattn.recipes.build_config` layers a task's recipe below the rest.
 """
 
 from __future__ import annotations
@@ -285,13 +286,3 @@ def merge(base: dict[str, Any], *layers: dict[str, Any]) -> TrainConfig:
             else:
                 values[key] = value
     return TrainConfig(**{k: coerce(k, v) for k, v in values.items()})
-
-
-def build_config(*layers: dict[str, Any]) -> TrainConfig:
-    """The TrainConfig of a run: the task's recipe for the model (``Task.recipes``, its measured best
-    settings), then ``layers`` (lowest first: a saved config, TOML, ``--set``, flags)."""
-    from geoattn.tasks import task_class
-
-    probe = merge({}, *layers)
-    recipe = task_class(probe.task).recipes.get(probe.model, {})
-    return merge(recipe, *layers)

@@ -10,11 +10,10 @@ import torch
 
 from geoattn.errors import CheckpointError, ConfigError
 from geoattn.models.base import TaskModel
-from geoattn.tasks import get_task
 from geoattn.tasks.base import EvalRow, Task
 from geoattn.training.config import TrainConfig, merge
 from geoattn.training.run_dir import RunDirectory
-from geoattn.training.trainer import evaluate_model
+from geoattn.training.trainer import evaluate_model, run_model, run_task
 
 
 @dataclass
@@ -71,9 +70,9 @@ def load_run(
         config = replace(config, model_options={**config.model_options, "head_types": list(heads)})
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is available")
-    task = get_task(config, meta=saved["task"], load_data=load_data)
+    task = run_task(config, meta=saved["task"], load_data=load_data)
     dev = torch.device(config.device)
-    model = task.build_model(config.model, config).to(dev)
+    model = run_model(task, config).to(dev)
     directory.load_weights(model, dev)
     model.eval()
     return Run(directory, config, task, model, dev, saved)
@@ -85,4 +84,5 @@ def evaluation_rows(run: Run) -> list[EvalRow]:
     def sampled() -> dict[str, float]:
         return evaluate_model(run.model, run.task, run.config, device=run.device)
 
-    return run.task.evaluation(run.model, run.config, run.device, sampled)
+    over = f"{run.config.eval_iters} batches of {run.config.batch_size}"
+    return run.task.evaluation(run.model, run.device, sampled, over=over)

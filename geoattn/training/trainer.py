@@ -34,6 +34,7 @@ from tqdm import tqdm
 import geoattn
 from geoattn.errors import CheckpointError, ConfigError
 from geoattn.models.base import TaskModel
+from geoattn.tasks import get_task
 from geoattn.tasks.base import Task
 from geoattn.training.compiling import CompiledModel, weight_normalizer
 from geoattn.training.config import COMPILE_MIN_ITERS, TrainConfig
@@ -42,6 +43,24 @@ from geoattn.training.loggers import RunLoggers, check_available
 from geoattn.training.run_dir import RunDirectory, summary_line
 
 EVAL_SPLITS = ("train", "val")
+
+
+def run_task(config: TrainConfig, *, meta: dict[str, Any] | None = None, load_data: bool = True) -> Task:
+    """The task of the run ``config``: its ``task.*`` options, ``--data`` and ``--block-size`` (see
+    :meth:`geoattn.tasks.base.Task.from_options`)."""
+    return get_task(
+        config.task,
+        config.task_options,
+        data=config.data,
+        block_size=config.block_size,
+        meta=meta,
+        load_data=load_data,
+    )
+
+
+def run_model(task: Task, config: TrainConfig) -> TaskModel:
+    """The network of the run ``config``: ``--model`` at the run's sizes with its ``model.*`` options."""
+    return task.build_model(config.model, config.sizes, config.model_options)
 
 
 def scheduled_lr(it: int, config: TrainConfig) -> float:
@@ -113,7 +132,7 @@ def evaluate_model(
 
 
 class Trainer:
-    """Trains ``task.build_model(config.model, config)`` and writes everything into ``out``.
+    """Trains ``run_model(task, config)`` and writes everything into ``out``.
 
     Args:
         config: the run's TrainConfig.
@@ -146,7 +165,7 @@ class Trainer:
             )
         # The same seed on every rank gives identical initial weights; dropout then differs per rank.
         torch.manual_seed(config.seed)
-        self.model = task.build_model(config.model, config).to(self.device)
+        self.model = run_model(task, config).to(self.device)
         if not isinstance(self.model, TaskModel):
             raise TypeError(
                 f"{type(task).__name__}.build_model returned {type(self.model).__name__}, not a TaskModel"
@@ -351,7 +370,7 @@ class Trainer:
         result = self.run.last_evaluation() if self.env.is_main else {}
         result.update(iter=self.iter, interrupted=interrupted, wall_s=wall, params=self.model.num_params())
         if self.env.is_main and not interrupted:
-            result["final"] = self.task.final_metrics(self.model, config, self.device)
+            result["final"] = self.task.final_metrics(self.model, self.device)
             result["plots"] = [p.name for p in self._plots()] if config.plots else []
             self.run.write_summary(result)
         if self.stop_requested and not interrupted:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -21,9 +21,6 @@ from geoattn.tasks.cache import cache_dir
 from geoattn.tasks.filter import estimators
 from geoattn.tasks.filter.models import FilterModel
 from geoattn.tasks.filter.simulator import SPLIT_SEEDS, FilterConfig, FilterSample, simulate
-
-if TYPE_CHECKING:
-    from geoattn.training.config import TrainConfig
 
 
 class FilterTask(Task):
@@ -43,15 +40,21 @@ class FilterTask(Task):
         self._baselines: dict[str, dict[str, float]] = {}
 
     @classmethod
-    def settings_defaults(cls, config: TrainConfig) -> dict[str, Any]:
-        return {"seq_len": config.block_size}
+    def settings_defaults(cls, *, data: str | None, block_size: int) -> dict[str, Any]:
+        return {"seq_len": block_size}
 
     @classmethod
     def from_settings(
-        cls, settings: FilterConfig, config: TrainConfig, *, meta: dict[str, Any] | None, load_data: bool
+        cls,
+        settings: FilterConfig,
+        *,
+        data: str | None,
+        block_size: int,
+        meta: dict[str, Any] | None,
+        load_data: bool,
     ) -> FilterTask:
         """The simulator described by ``settings``; the filter task generates its data (no ``--data``)."""
-        if config.data is not None:
+        if data is not None:
             raise ConfigError("the filter task generates its data; it takes no --data")
         return cls(settings)
 
@@ -99,7 +102,7 @@ class FilterTask(Task):
         return FilterModel(model, self.config.dim, config)
 
     @torch.no_grad()
-    def final_metrics(self, model: TaskModel, config: TrainConfig, device: torch.device) -> dict[str, float]:
+    def final_metrics(self, model: TaskModel, device: torch.device) -> dict[str, float]:
         """On the whole val pool: the learned model's ``angle_deg_full``, every reference estimator
         (``baseline_*``) and the gap to the largest particle filter in percent (``gap_to_particle_pct``:
         against the particle filter with the most particles)."""

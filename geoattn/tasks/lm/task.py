@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -23,9 +23,6 @@ from geoattn.models.lm import LM_MODELS, LMConfig, build_lm
 from geoattn.models.rotor_lm import ROTOR_LM_DESCRIPTION, RotorLM, RotorLMConfig
 from geoattn.tasks.base import EvalRow, Task
 from geoattn.tasks.lm.analysis import key_norms_by_corruption, noisy_split_loss
-
-if TYPE_CHECKING:
-    from geoattn.training.config import TrainConfig
 
 TRAIN_FRACTION = 0.9
 CONTEXT_MULTIPLES = (1, 2, 4, 8, 16)
@@ -120,20 +117,26 @@ class LMTask(Task):
 
     @classmethod
     def from_settings(
-        cls, settings: LMSettings, config: TrainConfig, *, meta: dict[str, Any] | None, load_data: bool
+        cls,
+        settings: LMSettings,
+        *,
+        data: str | None,
+        block_size: int,
+        meta: dict[str, Any] | None,
+        load_data: bool,
     ) -> LMTask:
         """``--data`` (a file or a registered dataset name) at ``--block-size``; a checkpoint's
         vocabulary when resuming or loading (so ids keep their meaning)."""
         from geoattn.tasks.lm.datasets import resolve_data
 
-        data = config.data if load_data else None
+        data = data if load_data else None
         if data is None and meta is None:
             raise DataError(
                 "the lm task needs --data FILE (a UTF-8 text file, or a dataset name: tinyshakespeare)"
             )
         path = None if data is None else resolve_data(data)
         vocab = None if meta is None else meta["vocab"]
-        return cls(path, config.block_size, vocab=vocab, settings=settings)
+        return cls(path, block_size, vocab=vocab, settings=settings)
 
     @classmethod
     def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
@@ -222,7 +225,7 @@ class LMTask(Task):
         model.train(was_training)
         return total / n
 
-    def final_metrics(self, model: TaskModel, config: TrainConfig, device: torch.device) -> dict[str, float]:
+    def final_metrics(self, model: TaskModel, device: torch.device) -> dict[str, float]:
         """``val_loss_full``: the loss over the whole validation split at the training context (clean
         inputs). With ``corrupt`` > 0 also ``val_loss_full_noisy`` (inputs corrupted at that rate, the
         same corruption for every model) and the mean key norms at corrupted vs clean positions."""
@@ -243,9 +246,10 @@ class LMTask(Task):
     def evaluation(
         self,
         model: TaskModel,
-        config: TrainConfig,
         device: torch.device,
         sampled: Callable[[], dict[str, float]],
+        *,
+        over: str,
     ) -> list[EvalRow]:
         """Val loss over the whole validation split at 1×, 2×, 4×, 8×, 16× the training context (length
         extrapolation; a model that cannot run that long says why), then the batch estimates."""
@@ -258,7 +262,6 @@ class LMTask(Task):
             except (ValueError, RuntimeError) as err:
                 value = f"n/a: {str(err).splitlines()[0]}"
             rows.append(EvalRow(f"val_loss @ {T} ({k}×)", value, f"full val split ({n_val:,} chars)"))
-        over = f"{config.eval_iters} batches of {config.batch_size}"
         rows += [EvalRow(key, value, over) for key, value in sampled().items()]
         return rows
 

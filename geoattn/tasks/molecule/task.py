@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -28,9 +28,6 @@ from geoattn.tasks.molecule.data import (
     split_indices,
 )
 from geoattn.tasks.molecule.models import MoleculeModelConfig, MoleculeRotor
-
-if TYPE_CHECKING:
-    from geoattn.training.config import TrainConfig
 
 SPLITS = ("train", "val", "test")
 MEV = 1000.0  # eV → meV
@@ -125,12 +122,18 @@ class MoleculeTask(Task):
         self._tensors = self._split_tensors()
 
     @classmethod
-    def settings_defaults(cls, config: TrainConfig) -> dict[str, Any]:
-        return {"data": config.data}
+    def settings_defaults(cls, *, data: str | None, block_size: int) -> dict[str, Any]:
+        return {"data": data}
 
     @classmethod
     def from_settings(
-        cls, settings: MoleculeConfig, config: TrainConfig, *, meta: dict[str, Any] | None, load_data: bool
+        cls,
+        settings: MoleculeConfig,
+        *,
+        data: str | None,
+        block_size: int,
+        meta: dict[str, Any] | None,
+        load_data: bool,
     ) -> MoleculeTask:
         return cls(settings)
 
@@ -212,7 +215,7 @@ class MoleculeTask(Task):
             "data": self.trajectory.settings,
         }
 
-    def final_metrics(self, model: TaskModel, config: TrainConfig, device: torch.device) -> dict[str, float]:
+    def final_metrics(self, model: TaskModel, device: torch.device) -> dict[str, float]:
         """Energy and force MAE on the whole val and test splits."""
         out = {}
         for split in ("val", "test"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -34,9 +34,6 @@ from geoattn.tasks.nbody.simulator import (
     save_gatr_format,
     simulate_systems,
 )
-
-if TYPE_CHECKING:
-    from geoattn.training.config import TrainConfig
 
 # the sets measured at the end of training (full sets) per system, and the samples of the equivariance error
 EVAL_SETS = ("eval", "e3_generalization", "object_generalization")
@@ -109,12 +106,18 @@ class NBodyTask(Task):
                 self._sets[name] = data if size is None else data.head(size)
 
     @classmethod
-    def settings_defaults(cls, config: TrainConfig) -> dict[str, Any]:
-        return {"data": config.data}
+    def settings_defaults(cls, *, data: str | None, block_size: int) -> dict[str, Any]:
+        return {"data": data}
 
     @classmethod
     def from_settings(
-        cls, settings: NBodyConfig, config: TrainConfig, *, meta: dict[str, Any] | None, load_data: bool
+        cls,
+        settings: NBodyConfig,
+        *,
+        data: str | None,
+        block_size: int,
+        meta: dict[str, Any] | None,
+        load_data: bool,
     ) -> NBodyTask:
         """The simulator described by ``settings``, or GATr's files in ``--data DIR``."""
         return cls(settings)
@@ -241,7 +244,7 @@ class NBodyTask(Task):
             self._meta = {"task": self.name, "source": source, "sets": sets}
         return self._meta
 
-    def final_metrics(self, model: TaskModel, config: TrainConfig, device: torch.device) -> dict[str, float]:
+    def final_metrics(self, model: TaskModel, device: torch.device) -> dict[str, float]:
         """MSE on the whole eval, E(3)- and object-generalisation sets; the equivariance error."""
         return self.evaluate_sets(model)
 
@@ -258,14 +261,14 @@ class NBodyTask(Task):
     def evaluation(
         self,
         model: TaskModel,
-        config: TrainConfig,
         device: torch.device,
         sampled: Callable[[], dict[str, float]],
+        *,
+        over: str,
     ) -> list[EvalRow]:
         """``geoattn eval``: the trainer's batch estimates, the model's MSE on every sample of the eval,
         E(3) and object sets (charged: val and test) with the two baselines beside each, and the
         equivariance error."""
-        over = f"{config.eval_iters} batches of {config.batch_size}"
         rows = [EvalRow(k, v, over) for k, v in sampled().items()]
         results = self.evaluate_sets(model)
         for name in SYSTEM_EVAL_SETS[self.config.system]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -28,9 +28,6 @@ from geoattn.tasks.base import Task
 from geoattn.tasks.nbody.simulator import random_rotations
 from geoattn.tasks.pointcloud.models import PointRotor, PointTransformer
 from geoattn.tasks.pointcloud.shapes import CLASSES, sample_clouds
-
-if TYPE_CHECKING:
-    from geoattn.training.config import TrainConfig
 
 SPLITS = ("train", "val", "test")
 ROTATIONS = ("aligned", "z", "so3")
@@ -118,7 +115,13 @@ class PointCloudTask(Task):
 
     @classmethod
     def from_settings(
-        cls, settings: PointCloudConfig, config: TrainConfig, *, meta: dict[str, Any] | None, load_data: bool
+        cls,
+        settings: PointCloudConfig,
+        *,
+        data: str | None,
+        block_size: int,
+        meta: dict[str, Any] | None,
+        load_data: bool,
     ) -> PointCloudTask:
         return cls(settings)
 
@@ -188,7 +191,7 @@ class PointCloudTask(Task):
     def meta(self) -> dict[str, Any]:
         return {"task": self.name, "config": dataclasses.asdict(self.config), "classes": list(CLASSES)}
 
-    def final_metrics(self, model: TaskModel, config: TrainConfig, device: torch.device) -> dict[str, float]:
+    def final_metrics(self, model: TaskModel, device: torch.device) -> dict[str, float]:
         """Test accuracy under the protocol's test rotations, and aligned / z / SO(3) separately."""
         out = {"test_accuracy": self.accuracy(model, "test")}
         for kind in ROTATIONS:
