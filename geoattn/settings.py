@@ -66,10 +66,12 @@ def describe_settings(cls: type, *, prefix: str, exclude: Iterable[str] = ()) ->
     """Rows ``[key, type, default, help]`` for every settable field of the dataclass ``cls``.
 
     The help is the field's ``metadata["help"]`` when given, else the line of the class docstring
-    that names the field before its colon (``name: ...`` or ``a, name, b: ...``).
+    that names the field before its colon (``name: ...`` or ``a, name, b: ...``), or of a base
+    class's docstring for an inherited field.
     """
     hints = typing.get_type_hints(cls)
-    doc_lines = [line.strip() for line in (cls.__doc__ or "").splitlines()]
+    docs = "\n".join(klass.__doc__ or "" for klass in cls.__mro__ if dataclasses.is_dataclass(klass))
+    doc_lines = [line.strip() for line in docs.splitlines()]
     skip = set(exclude)
     rows = []
     for f in dataclasses.fields(cls):

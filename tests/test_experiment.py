@@ -333,11 +333,12 @@ def _settings(spec, cell) -> dict[str, object]:
     (``task.KEY``), so that a value written out at its default counts as no change."""
     from dataclasses import asdict
 
-    from geoattn.models.lm import LMConfig
+    from geoattn.models.lm import lm_config
 
     config = spec.config(cell, spec.seeds[0], Path("runs"))
     flat = {k: v for k, v in config.items() if k not in ("out", "seed", "model_options", "task_options")}
-    flat.update({f"model.{k}": v for k, v in asdict(LMConfig(**config["model_options"])).items()})
+    model = asdict(lm_config(config["model"], **config["model_options"]))
+    flat.update({f"model.{k}": v for k, v in model.items()})
     flat.update({f"task.{k}": v for k, v in config["task_options"].items()})
     return flat
 

@@ -12,7 +12,18 @@ from conftest import SHAKESPEARE as DATA
 from geoattn.layers.common import merge_heads, split_heads
 from geoattn.layers.rt_block import RTAttention
 from geoattn.models.lm import LM_MODELS as MODELS
-from geoattn.models.lm import LMConfig, build_backbone, build_lm
+from geoattn.models.lm import (
+    LM_TABLE,
+    LMConfig,
+    LMModel,
+    RTConfig,
+    TransformerConfig,
+    build_backbone,
+    build_lm,
+    lm_config,
+    saved_config,
+)
+from geoattn.models.lm_core import Backbone, LanguageModel, prenorm_blocks
 
 SMALL = dict(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32)
 VARIANTS = [(name, {}) for name in MODELS] + [("transformer", {"mlp": "gelu", "pos": "learned"})]
@@ -21,13 +32,13 @@ IDS = [name + ("-nanogpt" if kw else "") for name, kw in VARIANTS]
 
 def _model(name, **kw):
     torch.manual_seed(0)
-    return build_lm(name, LMConfig(**{**SMALL, **kw})).eval()
+    return build_lm(name, lm_config(name, **{**SMALL, **kw})).eval()
 
 
 @pytest.mark.parametrize("name, kw", VARIANTS, ids=IDS)
 def test_parameter_count_at_the_nanogpt_recipe(name, kw):
     """Every variant is ≈ 0.80 M parameters at 4 layers × 4 heads × 128, vocab 65, ctx 64."""
-    model = build_lm(name, LMConfig(vocab_size=65, block_size=64, **kw))
+    model = build_lm(name, lm_config(name, vocab_size=65, block_size=64, **kw))
     assert 0.78e6 < model.num_params() < 0.82e6
     assert model.num_params() == sum(p.numel() for p in model.parameters())
 
@@ -161,7 +172,7 @@ def test_optim_groups_and_weight_normalisation(name):
 )
 def test_config_validation(field, value, match):
     with pytest.raises(ValueError, match=match):
-        LMConfig(**{"n_head": 4, field: value})
+        RTConfig(**{"n_head": 4, field: value})
 
 
 def test_model_names_and_model_specific_options():
@@ -178,7 +189,7 @@ def test_model_names_and_model_specific_options():
 
 
 def test_rt_switches_reach_the_layers():
-    cfg = LMConfig(
+    cfg = RTConfig(
         **SMALL,
         magnitude_precision=False,
         qkv_norm=False,
@@ -279,7 +290,7 @@ def test_rt_predictions_one_at_a_time_on_the_prenorm_transformer():
     torch.manual_seed(0)
     cfg = dict(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=32)
     rt_prenorm = build_lm(
-        "rt", LMConfig(**cfg, residual="prenorm", process_noise=False, tangent_correction=False)
+        "rt", RTConfig(**cfg, residual="prenorm", process_noise=False, tangent_correction=False)
     )
     assert not rt_prenorm.sphere and isinstance(rt_prenorm.backbone.blocks[0].attn, RTAttention)
     idx = torch.randint(65, (2, 16))
@@ -295,7 +306,7 @@ def test_rt_predictions_one_at_a_time_on_the_prenorm_transformer():
     assert not build_lm("transformer", LMConfig(**cfg)).backbone.blocks[0].tangent_correction  # default off
     assert build_lm("rt", LMConfig(**cfg)).backbone.blocks[0].tangent_correction  # rt's default on
     with pytest.raises(ValueError, match="residual must be"):
-        LMConfig(residual="euclid")
+        RTConfig(residual="euclid")
 
 
 @pytest.mark.parametrize("option", ["magnitude_precision", "qkv_norm"])
@@ -306,7 +317,7 @@ def test_rt_ingredients_switch_alone_on_the_transformer(option):
     cfg = dict(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=32)
     plain = build_lm("transformer", LMConfig(**cfg))
     assert not plain.backbone.blocks[0].attn.rt_logit
-    model = build_lm("transformer", LMConfig(**cfg, **{option: True}))
+    model = build_lm("transformer", TransformerConfig(**cfg, **{option: True}))
     extra = set(model.state_dict()) - set(plain.state_dict())
     assert extra == {"backbone.blocks.0.attn.log_eta_t2", "backbone.blocks.0.attn.log_beta"}
     assert set(plain.state_dict()) <= set(model.state_dict())
@@ -330,6 +341,54 @@ def test_rt_ingredients_switch_alone_on_the_transformer(option):
         attn.c_attn.weight[64:] *= 3  # the value rows
     torch.testing.assert_close(attn(x), before if option == "qkv_norm" else 3 * before)
     with pytest.raises(ValueError, match="alibi"):
-        build_lm("transformer", LMConfig(**cfg, pos="alibi", **{option: True}))
+        build_lm("transformer", TransformerConfig(**cfg, pos="alibi", **{option: True}))
     rt = build_lm("rt", LMConfig(**cfg)).backbone.blocks[0].attn
     assert rt.magnitude_precision and rt.qkv_norm  # rt's own choice: on
+
+
+def test_each_model_takes_its_own_keys():
+    """A key of another model is an error naming the valid keys of this one; a bare LMConfig takes
+    the model's defaults; another model's config is refused."""
+    with pytest.raises(
+        ValueError, match=r"unknown model setting\(s\) residual \(TransformerConfig\); valid: .*qkv_norm"
+    ):
+        lm_config("transformer", residual="prenorm")
+    with pytest.raises(ValueError, match=r"norm \(NGPTConfig\); valid: alpha_init"):
+        lm_config("ngpt", norm="rmsnorm")
+    assert type(build_lm("rt", LMConfig(**SMALL)).config) is RTConfig
+    with pytest.raises(ValueError, match=r"'rt' takes RTConfig \(or a bare LMConfig\), not Transformer"):
+        build_lm("rt", TransformerConfig(**SMALL))
+
+
+def test_a_config_saved_with_every_models_fields_loads():
+    """A config dict saved when one config held all four models' fields keeps the model's own."""
+    every = {
+        **SMALL,
+        "norm": "layernorm",
+        "magnitude_precision": None,
+        "residual": "sphere",
+        "step": "retraction",
+    }
+    assert saved_config("ngpt", every) == {**SMALL, "step": "retraction"}
+    assert set(saved_config("transformer", every)) == {*SMALL, "norm", "magnitude_precision"}
+
+
+def test_a_new_model_is_one_table_entry(monkeypatch):
+    """A model registered with one entry (config, backbone builder, language model) builds through
+    lm_config, build_lm and build_backbone."""
+    from geoattn.layers.robust_filter import RFAAttention
+
+    def build(config):
+        return Backbone(
+            config, prenorm_blocks(config, "rmsnorm", lambda: RFAAttention(32, 2)), norm="rmsnorm"
+        )
+
+    class PlainLM(LanguageModel):
+        def __init__(self, config):
+            super().__init__(config, build(config))
+
+    monkeypatch.setitem(LM_TABLE, "plain", LMModel(LMConfig, build, PlainLM, "pre-norm RFA with RMSNorm"))
+    model = build_lm("plain", lm_config("plain", **SMALL))
+    logits, _ = model(torch.zeros(1, 4, dtype=torch.long))
+    assert logits.shape == (1, 4, 65)
+    assert isinstance(build_backbone("plain", LMConfig(**SMALL)), Backbone)

@@ -37,7 +37,7 @@ from geoattn.bench.common import (
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
 from geoattn.models.base import ModelSizes
-from geoattn.models.lm import LMConfig, build_lm
+from geoattn.models.lm import LMConfig, build_lm, config_class
 from geoattn.models.rotor_lm import RotorLM, RotorLMConfig
 from geoattn.tasks.lm.task import LMTask
 from geoattn.training.compiling import CompiledModel, weight_normalizer
@@ -122,7 +122,7 @@ def training_step(
         config = RotorLMConfig.from_sizes(sizes, options, vocab_size=LMConfig.vocab_size, block_size=t)
         model = RotorLM(config)
     else:
-        config = LMConfig.from_sizes(sizes, options, block_size=t)
+        config = config_class(variant.model).from_sizes(sizes, options, block_size=t)
         model = build_lm(variant.model, config)
     step_model = CompiledModel(model) if variant.compiled else model
     normalize_weights = weight_normalizer(model, variant.compiled)

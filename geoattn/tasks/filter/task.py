@@ -14,7 +14,7 @@ from torch import Tensor
 
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes, TaskModel
-from geoattn.models.lm import LM_MODELS, LMConfig
+from geoattn.models.lm import LM_MODELS, config_class
 from geoattn.models.rotor_lm import ROTOR_LM_DESCRIPTION, RotorLMConfig
 from geoattn.tasks.base import Task
 from geoattn.tasks.cache import cache_dir
@@ -62,7 +62,7 @@ class FilterTask(Task):
     def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
         if model == "rotor":  # always causal
             return RotorLMConfig, ("vocab_size", "block_size")
-        return LMConfig, ("vocab_size", "block_size", "causal")
+        return config_class(model), ("vocab_size", "block_size", "causal")
 
     def pool(self, split: str) -> FilterSample:
         """The fixed sequences of ``val`` or ``eval`` (drawn once from the split's seed, cached)."""
@@ -98,7 +98,7 @@ class FilterTask(Task):
         if model == "rotor":
             config = RotorLMConfig.from_sizes(sizes, options, **fixed)
         else:
-            config = LMConfig.from_sizes(sizes, options, **fixed, causal=True)
+            config = config_class(model).from_sizes(sizes, options, **fixed, causal=True)
         return FilterModel(model, self.config.dim, config)
 
     @torch.no_grad()

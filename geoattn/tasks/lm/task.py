@@ -19,7 +19,7 @@ from torch import Tensor
 
 from geoattn.errors import ConfigError, DataError
 from geoattn.models.base import ModelSizes, TaskModel
-from geoattn.models.lm import LM_MODELS, LMConfig, build_lm
+from geoattn.models.lm import LM_MODELS, build_lm, config_class
 from geoattn.models.rotor_lm import ROTOR_LM_DESCRIPTION, RotorLM, RotorLMConfig
 from geoattn.tasks.base import EvalRow, Task
 from geoattn.tasks.lm.analysis import key_norms_by_corruption, noisy_split_loss
@@ -140,7 +140,7 @@ class LMTask(Task):
 
     @classmethod
     def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
-        return (RotorLMConfig if model == "rotor" else LMConfig), ("vocab_size", "block_size")
+        return (RotorLMConfig if model == "rotor" else config_class(model)), ("vocab_size", "block_size")
 
     @property
     def vocab_size(self) -> int:
@@ -182,12 +182,12 @@ class LMTask(Task):
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
-        """``build_lm(model, LMConfig)`` (``rotor``: ``RotorLM(RotorLMConfig)``) with the run's sizes,
-        ``model.*`` options and this vocabulary."""
+        """``build_lm(model, config)`` in the model's own config class (``rotor``:
+        ``RotorLM(RotorLMConfig)``) with the run's sizes, ``model.*`` options and this vocabulary."""
         fixed = dict(vocab_size=self.vocab_size, block_size=self.block_size)
         if model == "rotor":
             return RotorLM(RotorLMConfig.from_sizes(sizes, options, **fixed))
-        return build_lm(model, LMConfig.from_sizes(sizes, options, **fixed))
+        return build_lm(model, config_class(model).from_sizes(sizes, options, **fixed))
 
     # ------------------------------------------------------------------ evaluation ---------------
     @torch.no_grad()

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from geoattn.errors import ConfigError, DataError
 from geoattn.models.base import ModelSizes, TaskModel
-from geoattn.models.lm import LMConfig
+from geoattn.models.lm import TransformerConfig
 from geoattn.models.rotor_transformer import RotorTransformerConfig
 from geoattn.tasks.base import EvalRow, Task
 from geoattn.tasks.nbody import charged
@@ -128,7 +128,7 @@ class NBodyTask(Task):
             return RotorTransformerConfig, tuple(ROTOR_IO)
         if model == "egnn":
             return EGNNConfig, ()
-        return LMConfig, ("vocab_size", "block_size", "causal", "pos")
+        return TransformerConfig, ("vocab_size", "block_size", "causal", "pos")
 
     @property
     def sets(self) -> tuple[str, ...]:
@@ -211,7 +211,7 @@ class NBodyTask(Task):
             return NBodyEGNN(EGNNConfig.from_sizes(sizes, options))
         c = self.config
         block_size = c.particles if c.system == "charged" else max(c.n_planets, c.object_planets) + 1
-        config = LMConfig.from_sizes(
+        config = TransformerConfig.from_sizes(
             sizes, options, vocab_size=1, block_size=block_size, causal=False, pos="none"
         )
         return NBodyTransformer(config)

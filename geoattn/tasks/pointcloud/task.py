@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes, TaskModel
-from geoattn.models.lm import LMConfig
+from geoattn.models.lm import TransformerConfig
 from geoattn.models.rotor_transformer import RotorTransformerConfig
 from geoattn.tasks.base import Task
 from geoattn.tasks.nbody.simulator import random_rotations
@@ -129,7 +129,7 @@ class PointCloudTask(Task):
     def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
         if model == "rotor":
             return RotorTransformerConfig, (*ROTOR_IO, "out_scalars")
-        return LMConfig, ("vocab_size", "block_size", "causal", "pos")
+        return TransformerConfig, ("vocab_size", "block_size", "causal", "pos")
 
     def dataset(self, split: str) -> tuple[Tensor, Tensor]:
         """Aligned clouds ``(n, P, 3)`` float64 and labels ``(n,)`` of ``split`` (made on first use)."""
@@ -179,7 +179,7 @@ class PointCloudTask(Task):
             config = RotorTransformerConfig.from_sizes(sizes, options, **ROTOR_IO, out_scalars=1)
             config = dataclasses.replace(config, out_scalars=config.scalars)  # read out the full scalar width
             return PointRotor(config, n_classes)
-        config = LMConfig.from_sizes(
+        config = TransformerConfig.from_sizes(
             sizes, options, vocab_size=1, block_size=self.config.n_points, causal=False, pos="none"
         )
         return PointTransformer(config, n_classes)
