@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from geoattn.bench.molecule import mace_stage_two, mace_training_wall, model_epochs
+from geoattn.bench.molecule import model_epochs, peers
 from geoattn.cli import main
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes
@@ -198,6 +199,8 @@ def test_bench_epochs_one_for_all_or_one_per_model():
 
 
 def test_mace_recipe_stage_two_and_training_wall_from_its_log(tmp_path):
+    runners = peers()  # benchmarks/molecule_peers.py of this checkout
+    mace_stage_two, mace_training_wall = runners.mace_stage_two, runners.mace_training_wall
     assert [mace_stage_two(e) for e in (1, 4, 5, 12, 40)] == [0, 0, 1, 2, 8]
     log = tmp_path / "train.log"
     log.write_text(
@@ -210,6 +213,24 @@ def test_mace_recipe_stage_two_and_training_wall_from_its_log(tmp_path):
     log.write_text("2026-12-01 14:22:10.500 INFO: MACE version: 0.3.16\n")
     with pytest.raises(RuntimeError, match="no training start"):
         mace_training_wall(log)
+
+
+def test_the_peers_runners_live_outside_the_package(water_file, tmp_path, capsys, monkeypatch):
+    """MACE's and SchNet's runners are in the checkout's benchmarks/, not in the installed package;
+    without them the bench says so in one line (exit 2) before training anything."""
+    import geoattn
+    import geoattn.bench.molecule as bench
+
+    package = Path(geoattn.__file__).parent
+    assert not any("schnetpack" in f.read_text() for f in package.rglob("*.py"))
+    assert {"run_mace", "run_schnet"} <= set(vars(peers()))
+    monkeypatch.setattr(bench, "PEERS_FILE", tmp_path / "benchmarks" / "molecule_peers.py")
+    argv = ["bench", "molecule", "--name", "water", "--data", str(water_file), "--n-train", "6"]
+    argv += ["--n-val", "3", "--models", "rotor", "schnet", "--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "molecule_peers.py" in err and "--models rotor" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_bench_rotor_set_cannot_change_the_schedule_or_split(water_file, tmp_path, capsys):

@@ -8,16 +8,11 @@ each trains with its own package's training code and its published MD17 recipe, 
 * ``rotor``: ``geoattn``'s trainer on the molecule task (``MoleculeRotor``) with the task's recipe
   (``MoleculeTask.recipes``: batch 10, AdamW, lr 1e-2, cosine) and the energy/force MSE weights
   0.01/0.99 (SchNetPack's MD17 recipe).
-* ``mace``: ``mace_run_train`` (mace-torch) on extended-XYZ exports of the same splits; the MACE paper's
-  rMD17 recipe (r_max 5 Å, 2 interactions, correlation 3, batch 5, lr 0.01, AMSGrad, EMA, energy/force
-  weights 1/1000, then the second (SWA) stage with weights 1000/100 for the last fifth of the epochs
-  in runs of 5 or more) with fewer channels (``--mace-channels``, max_L 1).
-* ``schnet``: SchNetPack 2.0's ``AtomisticTask`` + PyTorch Lightning on an ASE database of the same
-  frames with our split file; SchNetPack's MD17 experiment (cut-off 5 Å, 20 Gaussians, AdamW lr 1e-3,
-  batch 10, weights 0.01/0.99, ReduceLROnPlateau) with a smaller SchNet (``--schnet-width``,
-  ``--schnet-interactions``; published: 128 wide, 6 interactions).
+* ``mace`` and ``schnet``: the peers' runners, ``benchmarks/molecule_peers.py`` in the checkout (not
+  part of the installed package; its docstring gives both recipes), loaded by :func:`peers`; outside
+  a checkout the bench runs ``--models rotor`` only and says so for the others.
 
-Every model is then evaluated here on the full validation and test splits with the same code
+Every model is then evaluated on the full validation and test splits with the same code
 (energy MAE meV, force MAE meV/Å over components). Wall times are each training's own, its
 validation passes included and its start-up, data preparation and final evaluation not (MACE's from
 its log: "Started training" to "Training complete"), on one thread by default (``--threads``).
@@ -26,27 +21,37 @@ its log: "Started training" to "Training complete"), on one thread by default (`
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime
+import importlib.util
 import json
-import os
-import re
-import subprocess
 import sys
-import time
-import typing
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import numpy as np
 import torch
 
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
-from geoattn.tasks.molecule.data import require
-from geoattn.tasks.molecule.task import MoleculeConfig, MoleculeTask, mae_metrics
+from geoattn.tasks.molecule.task import MoleculeConfig, MoleculeTask
 
 MODELS = ("rotor", "mace", "schnet")
+# the peers' runners live beside the package in a checkout, not inside it
+PEERS_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "molecule_peers.py"
+
+
+def peers(path: Path | None = None) -> ModuleType:
+    """The peers' runners (``run_mace``, ``run_schnet``), loaded from ``benchmarks/molecule_peers.py``
+    of the checkout this package runs from; ConfigError in one line when there is none."""
+    path = path or PEERS_FILE
+    if not path.is_file():
+        raise ConfigError(
+            f"the mace and schnet runners are {path.name} in a geoattn checkout's benchmarks/ (not "
+            f"installed with the package), and {path} does not exist: run from a checkout, or --models rotor"
+        )
+    spec = importlib.util.spec_from_file_location("geoattn_molecule_peers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,13 +115,16 @@ def run(args: argparse.Namespace) -> int:
     epochs = model_epochs(args.epochs, args.models)
     if "rotor" in args.models:
         rotor_overrides(args.rotor_set)  # a bad key fails before any training
+    runners = {"rotor": run_rotor}
+    if set(args.models) - {"rotor"}:
+        module = peers()  # a missing checkout fails before any training too
+        runners.update(mace=module.run_mace, schnet=module.run_schnet)
     torch.set_num_threads(args.threads)
     task = MoleculeTask(
         MoleculeConfig(name=args.name, data=args.data, n_train=args.n_train, n_val=args.n_val)
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runners = {"rotor": run_rotor, "mace": run_mace, "schnet": run_schnet}
     rows = []
     for name in args.models:
         print(f"[bench molecule] training {name} ...", file=sys.stderr, flush=True)
@@ -140,16 +148,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
-
-
-def _split_metrics(task: MoleculeTask, predict) -> dict[str, float]:
-    """``{val,test}_{energy,force}_mae_mev`` of ``predict(x (F, N, 4) float64) -> (F, N, 4)``."""
-    out = {}
-    for split in ("val", "test"):
-        x, y = task.split(split, torch.float64)
-        for key, value in mae_metrics(predict(x), y).items():
-            out[f"{split}_{key}"] = value
-    return out
 
 
 # ---------------------------------------------------------------------------------------- rotor ----
@@ -203,252 +201,4 @@ def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: i
         "wall_s": result["wall_s"],
         "epochs": epochs,
         **{k: result["final"][k] for k in result["final"]},
-    }
-
-
-# ----------------------------------------------------------------------------------------- mace ----
-def _atoms(task: MoleculeTask, split: str) -> list:
-    """ASE Atoms of ``split`` with the reference energy / forces under ``REF_`` keys (MACE's convention)."""
-    ase = require("ase")
-    t = task.trajectory
-    atoms = []
-    for i in task.indices[split]:
-        a = ase.Atoms(numbers=t.atomic_numbers, positions=t.positions[i])
-        a.info["REF_energy"] = float(t.energies[i])
-        a.arrays["REF_forces"] = t.forces[i].copy()
-        atoms.append(a)
-    return atoms
-
-
-def run_mace(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: int) -> dict[str, Any]:
-    """``mace_run_train`` on extended-XYZ exports of the three splits, then our evaluation of its model."""
-    require("mace")
-    ase_io = require("ase.io")
-    out = out.resolve()  # mace_run_train runs in `out`: every path it gets must be absolute
-    out.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for split in ("train", "val", "test"):
-        files[split] = out / f"{split}.xyz"
-        ase_io.write(files[split], _atoms(task, split), format="extxyz")
-    c = args.mace_channels
-    command = [
-        *_console_script("mace_run_train"),
-        "--name=mace", f"--work_dir={out}", f"--train_file={files['train']}",
-        f"--valid_file={files['val']}", "--energy_key=REF_energy", "--forces_key=REF_forces",
-        "--E0s=average", "--model=MACE", f"--hidden_irreps={c}x0e + {c}x1o", "--max_L=1",
-        "--r_max=5.0", "--num_interactions=2", "--correlation=3", "--batch_size=5",
-        "--valid_batch_size=50", f"--max_num_epochs={epochs}", "--lr=0.01", "--energy_weight=1",
-        "--forces_weight=1000", "--ema", "--ema_decay=0.99", "--amsgrad", "--device=cpu",
-        "--default_dtype=float32", f"--seed={args.seed}", f"--eval_interval={max(1, epochs - 1)}",
-        "--error_table=TotalMAE", "--plot=False", "--save_cpu",
-    ]  # fmt: skip
-    # mace_run_train evaluates (and checkpoints the model when its validation loss is the lowest so
-    # far) after epochs i with i % eval_interval == 0, counting from 0, and saves its last checkpoint:
-    # so the interval is epochs − 1 (after the first and the last epoch: the better of the two, and
-    # the last one in a stage-two run, which resets the lowest loss), never epochs (then only epoch
-    # 0's weights would be saved)
-    stage_two = mace_stage_two(epochs)
-    if stage_two:  # the recipe's second stage (energy weight 1000, forces 100, lr 1e-3) for the last epochs
-        command += ["--swa", f"--start_swa={epochs - stage_two}"]
-    threads = str(args.threads)
-    # unbuffered: its log lines and warnings share one file, and the wall is read from the lines
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
-    start = time.perf_counter()
-    with open(out / "train.log", "w") as log:
-        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
-    command_wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise RuntimeError(f"mace_run_train failed (exit {done.returncode}); see {out / 'train.log'}")
-    name = "mace_stagetwo.model" if stage_two else "mace.model"
-    model = torch.load(out / name, map_location="cpu", weights_only=False).float().eval()
-    return {
-        "params": sum(p.numel() for p in model.parameters()),
-        "wall_s": mace_training_wall(out / "train.log"),
-        "command_wall_s": command_wall,
-        "epochs": epochs,
-        "stage_two_epochs": stage_two,
-        **_split_metrics(task, lambda x: _mace_predict(model, task, x)),
-    }
-
-
-def mace_stage_two(epochs: int) -> int:
-    """Epochs of MACE's second stage (its rMD17 recipe: the last ~20 % of training, with energy weight
-    1000 and forces 100 at lr 1e-3, which fits the energy the first stage's 1 : 1000 weights leave
-    off); none in runs under 5 epochs."""
-    return epochs // 5 if epochs >= 5 else 0
-
-
-def mace_training_wall(log: Path) -> float:
-    """Seconds from mace_run_train's "Started training" to "Training complete" log lines: its
-    training with its validation passes, as the other models' walls (not its start-up, data
-    loading and final error tables)."""
-    stamps = {}
-    for line in log.read_text().splitlines():
-        for key in ("Started training", "Training complete"):
-            found = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+) INFO: " + key, line)
-            if found and key not in stamps:
-                stamps[key] = datetime.datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S.%f")
-    if len(stamps) != 2:
-        raise RuntimeError(f"no training start / end lines in {log}: did mace_run_train change its log?")
-    return (stamps["Training complete"] - stamps["Started training"]).total_seconds()
-
-
-def _console_script(name: str) -> list[str]:
-    """The command of an installed console script next to this interpreter (the venv's)."""
-    path = Path(sys.executable).with_name(name)
-    if not path.exists():
-        raise ConfigError(
-            f"{name} is not installed; install the 'molecules' extra: pip install 'geoattn[molecules]'"
-        )
-    return [str(path)]
-
-
-def _mace_predict(
-    model: torch.nn.Module, task: MoleculeTask, x: torch.Tensor, batch: int = 50
-) -> torch.Tensor:
-    """MACE's energies and forces ``(F, N, 4)`` for positions ``x`` through mace's own data pipeline."""
-    data = require("mace.data")
-    tools = require("mace.tools")
-    ase = require("ase")
-    z_table = tools.AtomicNumberTable([int(z) for z in model.atomic_numbers])
-    r_max = float(model.r_max)
-    numbers = task.trajectory.atomic_numbers
-    configs = [
-        data.config_from_atoms(ase.Atoms(numbers=numbers, positions=frame[:, 1:].numpy())) for frame in x
-    ]
-    graphs = [data.AtomicData.from_config(c, z_table=z_table, cutoff=r_max) for c in configs]
-    loader = tools.torch_geometric.dataloader.DataLoader(graphs, batch_size=batch, shuffle=False)
-    rows = []
-    for item in loader:
-        output = model(item.to_dict(), training=False, compute_force=True)
-        energy = output["energy"].detach().double()
-        forces = output["forces"].detach().double().view(-1, len(numbers), 3)
-        rows.append(torch.cat((energy[:, None, None].expand(-1, len(numbers), 1), forces), -1))
-    return torch.cat(rows)
-
-
-# --------------------------------------------------------------------------------------- schnet ----
-def import_schnetpack():
-    """``schnetpack`` (2.0.x), after restoring a private typing alias that torch ≥ 2.5 dropped and
-    schnetpack 2.0's data loader still imports (``torch.utils.data.dataloader.T_co``)."""
-    import torch.utils.data.dataloader as dataloader
-
-    if not hasattr(dataloader, "T_co"):
-        dataloader.T_co = typing.TypeVar("T_co", covariant=True)
-    return require("schnetpack")
-
-
-def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: int) -> dict[str, Any]:
-    """SchNetPack's AtomisticTask + Lightning on an ASE database of the file, with our split."""
-    spk = import_schnetpack()
-    pl = require("pytorch_lightning")
-    torchmetrics = require("torchmetrics")
-    out = out.resolve()  # (SchNetPack's split lock file lands in the working directory: we run in out)
-    out.mkdir(parents=True, exist_ok=True)
-    t = task.trajectory
-    database = out / "frames.db"
-    if database.exists():
-        database.unlink()
-    ase = require("ase")
-    dataset = spk.data.ASEAtomsData.create(
-        str(database), distance_unit="Ang", property_unit_dict={"energy": "eV", "forces": "eV/Ang"}
-    )
-    dataset.add_systems(
-        [{"energy": np.array([e]), "forces": f} for e, f in zip(t.energies, t.forces)],
-        [ase.Atoms(numbers=t.atomic_numbers, positions=p) for p in t.positions],
-    )
-    split_file = out / "split.npz"
-    np.savez(
-        split_file,
-        train_idx=task.indices["train"],
-        val_idx=task.indices["val"],
-        test_idx=task.indices["test"],
-    )
-    cutoff = 5.0
-    module = spk.data.AtomsDataModule(
-        str(database),
-        batch_size=10,
-        split_file=str(split_file),
-        transforms=[
-            spk.transform.SubtractCenterOfMass(),
-            spk.transform.RemoveOffsets("energy", remove_mean=True),
-            spk.transform.ASENeighborList(cutoff=cutoff),
-            spk.transform.CastTo32(),
-        ],
-        num_workers=0,
-        pin_memory=False,
-    )
-    with contextlib.chdir(out):
-        module.prepare_data()
-        module.setup()
-    width = args.schnet_width
-    representation = spk.representation.SchNet(
-        n_atom_basis=width,
-        n_interactions=args.schnet_interactions,
-        radial_basis=spk.nn.GaussianRBF(n_rbf=20, cutoff=cutoff),
-        cutoff_fn=spk.nn.CosineCutoff(cutoff),
-    )
-    model = spk.model.NeuralNetworkPotential(
-        representation=representation,
-        input_modules=[spk.atomistic.PairwiseDistances()],
-        output_modules=[
-            spk.atomistic.Atomwise(n_in=width, output_key="energy", aggregation_mode="sum"),
-            spk.atomistic.Forces(energy_key="energy", force_key="forces"),
-        ],
-    )
-    outputs = [
-        spk.task.ModelOutput(
-            name=key,
-            loss_fn=torch.nn.MSELoss(),
-            loss_weight=weight,
-            metrics={"mae": torchmetrics.regression.MeanAbsoluteError()},
-        )
-        for key, weight in (("energy", 0.01), ("forces", 0.99))
-    ]
-    atomistic = spk.task.AtomisticTask(
-        model=model,
-        outputs=outputs,
-        optimizer_cls=torch.optim.AdamW,
-        optimizer_args={"lr": 1e-3, "weight_decay": 0.0},
-        # SchNetPack's own ReduceLROnPlateau passes `verbose`, which torch 2.13 no longer takes; its MD17
-        # settings (smoothing 0) make it torch's scheduler
-        scheduler_cls=torch.optim.lr_scheduler.ReduceLROnPlateau,
-        scheduler_args={"mode": "min", "factor": 0.5, "patience": 75, "threshold": 0.0, "cooldown": 10},
-        scheduler_monitor="val_loss",
-    )
-    pl.seed_everything(args.seed, workers=True)
-    trainer = pl.Trainer(
-        max_epochs=epochs,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        inference_mode=False,  # forces are gradients: validation needs autograd
-        default_root_dir=str(out),
-    )
-    start = time.perf_counter()
-    with contextlib.chdir(out):
-        trainer.fit(atomistic, datamodule=module)
-    wall = time.perf_counter() - start
-    model.eval()
-    n = len(t.atomic_numbers)
-    predictions = {}
-    for split, loader in (("val", module.val_dataloader()), ("test", module.test_dataloader())):
-        rows, targets = [], []
-        for batch in loader:
-            # the model writes its outputs into the batch dict under the targets' keys: read those first
-            target_e, target_f = batch["energy"].double().clone(), batch["forces"].double().clone()
-            result = model(batch)
-            energy, forces = result["energy"].detach().double(), result["forces"].detach().double()
-            rows.append(torch.cat((energy[:, None, None].expand(-1, n, 1), forces.view(-1, n, 3)), -1))
-            targets.append(torch.cat((target_e[:, None, None].expand(-1, n, 1), target_f.view(-1, n, 3)), -1))
-        # both sides have the training mean energy removed (RemoveOffsets), so the differences are exact
-        predictions[split] = mae_metrics(torch.cat(rows), torch.cat(targets))
-    return {
-        "params": sum(p.numel() for p in model.parameters()),
-        "wall_s": wall,
-        "epochs": epochs,
-        **{f"{s}_{k}": v for s, metrics in predictions.items() for k, v in metrics.items()},
     }
