@@ -129,9 +129,9 @@ def test_help_names_gatrs_files_and_how_the_width_maps_onto_the_rotor_model(caps
     assert "nbody a directory of GATr's files" in " ".join(capsys.readouterr().out.split())
 
 
-def test_the_rotor_default_is_the_best_measured_setting_at_gatrs_budget():
-    """`--task nbody --model rotor` without flags trains the best cell of experiments/nbody.toml on
-    GATr's schedule; flags still win over the recipe."""
+def test_the_rotor_default_is_the_recipe_the_selection_experiment_names():
+    """`--task nbody --model rotor` without flags trains the "(recipe)" candidate of
+    experiments/nbody-lr.toml on GATr's schedule; flags still win over the recipe."""
     from geoattn.experiments import load_spec
     from geoattn.recipes import build_config
 
@@ -140,5 +140,5 @@ def test_the_rotor_default_is_the_best_measured_setting_at_gatrs_budget():
     assert settings == (2e-3, 256, "exponential", 0)
     assert config.model_options == {"scalars": 128}
     assert build_config({"task": "nbody", "model": "rotor", "lr": 1e-3}).lr == 1e-3
-    best = next(c for c in load_spec("nbody").cells if c.name.endswith("lr 2e-3"))
-    assert best.fields["lr"] == config.lr and best.fields["n_embd"] == config.n_embd
+    recipe = next(c for c in load_spec("nbody-lr").cells if "(recipe)" in c.name)
+    assert recipe.fields["lr"] == config.lr and recipe.fields["lr_schedule"] == config.lr_schedule

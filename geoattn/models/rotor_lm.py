@@ -78,8 +78,7 @@ class RotorLMConfig:
         n_layer: blocks.
         channels: multivector channels C (from_sizes: n_embd / 2ⁿ).
         scalars: invariant scalar channels S (from_sizes: n_embd).
-        head_types: one registered head type per head (rotation, reflection, projection, frame, …;
-            frame: Cl(3) only); a list, or one string with commas.
+        head_types: a registered head type per head (frame: Cl(3) only); a list, or a comma string.
         head_channels: multivector channels per head (q, k and v).
         aggregation: how rotation heads aggregate their values: ``"sum"`` (``Σ_j α_ij R_ij v_j R̃_ij``) or
             ``"compose"`` (one mean rotor per query, ``R̄_i (Σ_j α_ij v_j) R̄_i~``,

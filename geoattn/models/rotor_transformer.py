@@ -50,8 +50,7 @@ class RotorTransformerConfig:
         channels: multivector channels of the model (from --n-embd: n_embd // 8, at least 2).
         scalars: invariant scalar channels beside them (from --n-embd: n_embd // 8; 0: none).
         n_layer: blocks (from --n-layer).
-        head_types: one registered head type per head (rotation, reflection, projection, frame, …;
-            from --n-head, cycling through ``DEFAULT_HEAD_CYCLE``).
+        head_types: a registered head type per head, e.g. rotation or frame (from --n-head, cycled).
         head_channels: multivector channels per head in q, k and v (from --n-head: channels // n_head).
         mlp_ratio: hidden multivector channels of each block's geometric MLP / channels.
         inverse: rotation heads use key → query rotors (default query → key).
