@@ -99,6 +99,7 @@ nav = [
     "    * [Rotors](concepts/rotors.md)",
     "    * [Rotor head types](concepts/head-types.md)",
     "* [Native CPU kernels](native.md)",
+    "* [Hugging Face](hf.md)",
     "* [Tasks](tasks.md)",
     "* [Package layout](layout.md)",
     "* [Command line](cli.md)",

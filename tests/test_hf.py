@@ -151,9 +151,9 @@ def test_missing_transformers_is_one_line_naming_the_extra(exported, tmp_path, m
         importlib.import_module("geoattn.hf")
 
 
-def test_readme_example_runs(exported, capsys):
-    """README's snippet, on an exported rt run, prints `geoattn sample --top-k 1`'s text."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+def test_docs_example_runs(exported, capsys):
+    """docs/hf.md's snippet, on an exported rt run, prints `geoattn sample --top-k 1`'s text."""
+    readme = (Path(__file__).parents[1] / "docs" / "hf.md").read_text(encoding="utf-8")
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "import geoattn.hf" in b]
     out, to = exported["rt"]
     capsys.readouterr()
