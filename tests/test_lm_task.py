@@ -36,6 +36,18 @@ def test_vocabulary_and_splits_follow_nanogpt(task, text):
     assert task.meta() == {"task": "lm", "vocab": task.vocab, "block_size": 16, "data": str(SHAKESPEARE)}
 
 
+def test_selection_split_is_carved_from_the_training_text_and_hides_the_validation_text(text):
+    from geoattn.tasks.lm.task import LMSettings
+
+    selecting = LMTask(SHAKESPEARE, block_size=16, settings=LMSettings(selection=0.1))
+    n_train = int(0.9 * len(text))
+    n_fit = n_train - int(0.1 * n_train)
+    assert selecting.decode(selecting.splits["train"]) == text[:n_fit]
+    assert selecting.decode(selecting.splits["val"]) == text[n_fit:n_train]  # never the last 10 %
+    with pytest.raises(ValueError, match="task.selection must be in"):
+        LMSettings(selection=1.0)
+
+
 def test_batches_are_shifted_windows_of_their_own_split(task, text):
     n_train = int(0.9 * len(text))
     x, y = task.get_batch("val", 8, torch.Generator().manual_seed(0))

@@ -381,6 +381,26 @@ def test_rotor_model_is_e3_equivariant(task):
 
 
 @pytest.mark.parametrize("algebra", ["cl3", "pga"])
+def test_rotor_model_with_pair_messages_and_velocity_read_out_is_e3_equivariant(task, algebra):
+    """The pair-message read-in and the velocity read-out keep the model E(3)-equivariant in float64,
+    and each changes what the model computes (a read-in that dropped its vectors would pass the first
+    check alone)."""
+    torch.manual_seed(0)
+    options = {"n_layer": 2, "algebra": algebra, "pair_vectors": 2, "pair_hidden": 8, "velocity_output": True}
+    model = task.build_model("rotor", *sizes(**options)).double()
+    assert model.model.config.in_channels == 3 + 4 and model.model.config.out_scalars == 1
+    x = task.dataset("e3_generalization").inputs()[:32]
+    for seed in range(3):
+        assert equivariance_error(model, x, torch.Generator().manual_seed(seed), shift_std=20.0) < 1e-8
+    out, _ = model(x)
+    with torch.no_grad():
+        model.pairs.weights.weight.add_(1.0)
+    assert not torch.allclose(model(x)[0], out)
+    with pytest.raises(ValueError, match="pair_vectors"):
+        task.build_model("rotor", *sizes(pair_vectors=-1))
+
+
+@pytest.mark.parametrize("algebra", ["cl3", "pga"])
 def test_rotor_embedding_and_read_out_follow_the_algebras_versors(task, algebra):
     """embed(Q u) = V · embed(u) and displacement(V · mv) = Q displacement(mv) for O(3) versors V with
     matrix Q (read off how V moves the basis vectors), rotations and reflections."""

@@ -2,7 +2,8 @@
 
 The vocabulary is the sorted set of characters of the file; it is part of :meth:`LMTask.meta`, so a
 checkpoint can encode prompts and decode samples without the text. The first 90 % of the characters
-are the training split, the last 10 % the validation split. A batch is ``batch_size`` random windows
+are the training split, the last 10 % the validation split (``task.selection`` carves a model-selection
+split off the end of the training split, :class:`LMSettings`). A batch is ``batch_size`` random windows
 of ``block_size + 1`` characters drawn with the trainer's generator: ``x`` the first ``block_size``
 ids, ``y`` the same shifted by one.
 """
@@ -48,13 +49,20 @@ class LMSettings:
 
     corrupt: fraction of input characters replaced by uniformly random ones in every batch (targets
         stay clean): the noisy-token test of "magnitude encodes confidence" (0 = clean text).
+    selection: fraction of the training split held out at its end for model selection (0: none). With
+        it, the run trains on the rest, its "val" split *is* that held-out text (reported as
+        ``select_loss_full``), and the validation split is never read, so a setting chosen on it can
+        be reported on the validation split once, by a run without it.
     """
 
     corrupt: float = 0.0
+    selection: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.corrupt < 1.0:
             raise ConfigError(f"task.corrupt must be in [0, 1), got {self.corrupt}")
+        if not 0.0 <= self.selection < 1.0:
+            raise ConfigError(f"task.selection must be in [0, 1), got {self.selection}")
 
 
 class LMTask(Task):
@@ -108,6 +116,9 @@ class LMTask(Task):
             ids = self.encode(text)
             n_train = int(TRAIN_FRACTION * len(ids))
             self.splits = {"train": ids[:n_train], "val": ids[n_train:]}
+            if self.settings.selection:
+                n_fit = n_train - int(self.settings.selection * n_train)
+                self.splits = {"train": ids[:n_fit], "val": ids[n_fit:n_train]}
             for split, data_ids in self.splits.items():
                 if len(data_ids) < block_size + 1:
                     raise DataError(
@@ -231,7 +242,8 @@ class LMTask(Task):
         same corruption for every model) and the mean key norms at corrupted vs clean positions."""
         if "val" not in self.splits:
             return {}
-        results = {"val_loss_full": self.split_loss(model, "val", device=device)}
+        key = "select_loss_full" if self.settings.selection else "val_loss_full"
+        results = {key: self.split_loss(model, "val", device=device)}
         p = self.settings.corrupt
         if p > 0:
             val, V = self.splits["val"], self.vocab_size

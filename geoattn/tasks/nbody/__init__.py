@@ -1,7 +1,7 @@
 """The ``nbody`` task (GATr's protocol): the simulator and GATr's file format (``simulator``), the networks
 (``models``) and the task (``task``)."""
 
-from geoattn.tasks.nbody.models import NBodyRotor, NBodyTransformer
+from geoattn.tasks.nbody.models import NBodyRotor, NBodyRotorConfig, NBodyTransformer
 from geoattn.tasks.nbody.simulator import (
     SETS,
     SIMULATED_SIZES,
@@ -25,6 +25,7 @@ __all__ = [
     "NBodySet",
     "NBodyTask",
     "NBodyRotor",
+    "NBodyRotorConfig",
     "NBodyTransformer",
     "accelerations",
     "equivariance_error",

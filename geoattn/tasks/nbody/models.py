@@ -3,6 +3,7 @@ the EGNN peer (``egnn_vel``) written from the EGNN paper's equations."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,86 @@ class NBodyTransformer(TaskModel):
         return self.backbone.attention_maps(self._embed(x))
 
 
+@dataclass
+class NBodyRotorConfig(RotorTransformerConfig):
+    """The rotor n-body model: a :class:`RotorTransformerConfig` (its ``model.*`` keys) plus the
+    read-in and read-out around it. ``in_channels``, ``in_scalars`` and ``out_scalars`` describe the
+    bodies' own inputs (3 vectors, the mass or charge) and are fixed by the task; the options below
+    widen the transformer's inputs and outputs (:meth:`transformer_config`).
+
+    Fields:
+        pair_vectors: vector channels from one message layer over every pair of bodies before the
+            transformer (:class:`PairMessages`; 0: none). Each gives two vectors per body (a sum of
+            relative positions and one of relative velocities, with learned invariant weights).
+        pair_hidden: width of that layer's pair features (added to the transformer's scalar inputs).
+        velocity_output: add ``φ_i v_i`` to the predicted position, ``φ_i`` an invariant output scalar of
+            the transformer (EGNN's ``egnn_vel`` read-out: most of a body's motion is its velocity).
+    """
+
+    pair_vectors: int = 0
+    pair_hidden: int = 64
+    velocity_output: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name, low in (("pair_vectors", 0), ("pair_hidden", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"NBodyRotorConfig.{name} must be an integer ≥ {low}, got {value!r}")
+        if (self.pair_vectors or self.velocity_output) and not self.scalars:
+            raise ConfigError("NBodyRotorConfig: pair_vectors and velocity_output need scalars > 0")
+
+    def transformer_config(self) -> RotorTransformerConfig:
+        """The inner transformer's config: the bodies' inputs plus the pair messages' channels and
+        scalars; one more output scalar for the velocity read-out."""
+        base = {f.name: getattr(self, f.name) for f in dataclasses.fields(RotorTransformerConfig)}
+        pairs = self.pair_vectors
+        base["in_channels"] = self.in_channels + 2 * pairs
+        base["in_scalars"] = self.in_scalars + (self.pair_hidden if pairs else 0)
+        base["out_scalars"] = self.out_scalars + int(self.velocity_output)
+        return RotorTransformerConfig(**base)
+
+
+class PairMessages(nn.Module):
+    """One message layer over every ordered pair of bodies, before the rotor transformer: what
+    attention over the bodies' own features does not see, the pairs' distances and closing speeds.
+
+    With ``s_i`` the bodies' invariant scalars ``(B, n, S)`` (mass or charge), ``x_ij = x_i − x_j`` and
+    ``v_ij = v_i − v_j``, over the pairs j ≠ i (EGNN's edge function, plus the pair's velocity
+    invariants):
+
+        e_ij = MLP(s_i, s_j, s_i s_j, |x_ij|², x_ij · v_ij, |v_ij|²)           (B, n, n, P)
+        scalars_i = mean_j e_ij                                               (B, n, P)
+        vectors_i = [mean_j φ_x(e_ij)_k x_ij, mean_j φ_v(e_ij)_k v_ij]_k       (B, n, 2K, 3)
+
+    Invariant weights on relative vectors: E(3)-equivariant (translation-invariant), permutation-
+    equivariant. Dense over pairs (n ≤ 6 bodies here, where an edge list costs more than the products).
+    forward(s ``(B, n, S)``, x ``(B, n, 3)``, v ``(B, n, 3)``) → (scalars, vectors).
+    """
+
+    def __init__(self, in_scalars: int, hidden: int, vectors: int):
+        super().__init__()
+        act = nn.SiLU()
+        self.edge = nn.Sequential(nn.Linear(3 * in_scalars + 3, hidden), act, nn.Linear(hidden, hidden), act)
+        self.weights = nn.Linear(hidden, 2 * vectors)
+        self.vectors = vectors
+
+    def forward(self, s: Tensor, x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        n = x.shape[1]
+        dx = x[:, :, None] - x[:, None, :]  # (B, n, n, 3)
+        dv = v[:, :, None] - v[:, None, :]
+        si, sj = s[:, :, None].expand(-1, -1, n, -1), s[:, None].expand(-1, n, -1, -1)
+        invariants = torch.stack(((dx * dx).sum(-1), (dx * dv).sum(-1), (dv * dv).sum(-1)), -1)
+        e = self.edge(torch.cat((si, sj, si * sj, invariants), -1))
+        mean = (~torch.eye(n, dtype=torch.bool, device=x.device))[None, :, :, None].to(e.dtype) / (n - 1)
+        w = self.weights(e) * mean  # (B, n, n, 2K), weights of a mean over j ≠ i
+        K = self.vectors
+        along_x = torch.einsum("bijk,bijx->bikx", w[..., :K], dx)
+        along_v = torch.einsum("bijk,bijx->bikx", w[..., K:], dv)
+        vectors = torch.cat((along_x, along_v), dim=2)
+        return (e * mean).sum(2), vectors
+
+
 class NBodyRotor(TaskModel):
     """:class:`RotorTransformer` on the bodies, E(3)-equivariant by construction, in Cl(3) or PGA.
 
@@ -88,8 +169,15 @@ class NBodyRotor(TaskModel):
 
     def __init__(self, rotor_config: RotorTransformerConfig):
         super().__init__()
-        self.config = rotor_config
-        self.model = RotorTransformer(rotor_config)
+        if not isinstance(rotor_config, NBodyRotorConfig):
+            rotor_config = NBodyRotorConfig(**dataclasses.asdict(rotor_config))
+        self.config = config = rotor_config
+        self.pairs = (
+            PairMessages(config.in_scalars, config.pair_hidden, config.pair_vectors)
+            if config.pair_vectors
+            else None
+        )
+        self.model = RotorTransformer(config.transformer_config())
         self.algebra = ga = self.model.algebra
         if ga.r > 1:
             raise ValueError(f"NBodyRotor supports Cl(3) and PGA Cl(3,0,1), got {ga!r}")
@@ -116,8 +204,15 @@ class NBodyRotor(TaskModel):
         m, position, velocity = x[..., :1], x[..., 1:4], x[..., 4:7]
         relative = velocity - velocity.mean(1, keepdim=True)
         vectors = torch.stack((position - centroid(position), velocity, relative), dim=2)  # (B, n, 3, 3)
-        mv, _ = self.model(self.embed(vectors), m)
+        scalars = m
+        if self.pairs is not None:
+            pair_scalars, pair_vectors = self.pairs(m, position, velocity)
+            vectors = torch.cat((vectors, pair_vectors), dim=2)
+            scalars = torch.cat((m, pair_scalars), dim=-1)
+        mv, s = self.model(self.embed(vectors), scalars)
         prediction = position + self.displacement(mv[:, :, 0])
+        if self.config.velocity_output:
+            prediction = prediction + s[..., :1] * velocity
         return prediction, _mse(prediction, y)
 
 

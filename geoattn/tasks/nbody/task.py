@@ -17,10 +17,16 @@ from torch import Tensor, nn
 from geoattn.errors import ConfigError, DataError
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import TransformerConfig
-from geoattn.models.rotor_transformer import RotorTransformerConfig
 from geoattn.tasks.base import EvalRow, Task
 from geoattn.tasks.nbody import charged
-from geoattn.tasks.nbody.models import EGNNConfig, NBodyEGNN, NBodyRotor, NBodyTransformer, centroid
+from geoattn.tasks.nbody.models import (
+    EGNNConfig,
+    NBodyEGNN,
+    NBodyRotor,
+    NBodyRotorConfig,
+    NBodyTransformer,
+    centroid,
+)
 from geoattn.tasks.nbody.simulator import (
     SETS,
     SIMULATED_SIZES,
@@ -125,7 +131,7 @@ class NBodyTask(Task):
     @classmethod
     def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
         if model == "rotor":
-            return RotorTransformerConfig, tuple(ROTOR_IO)
+            return NBodyRotorConfig, tuple(ROTOR_IO)
         if model == "egnn":
             return EGNNConfig, ()
         return TransformerConfig, ("vocab_size", "block_size", "causal", "pos")
@@ -206,7 +212,7 @@ class NBodyTask(Task):
     def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
         """``transformer`` (bidirectional, no positions) or ``rotor`` (RotorTransformer), run's sizes."""
         if model == "rotor":
-            return NBodyRotor(RotorTransformerConfig.from_sizes(sizes, options, **ROTOR_IO))
+            return NBodyRotor(NBodyRotorConfig.from_sizes(sizes, options, **ROTOR_IO))
         if model == "egnn":
             return NBodyEGNN(EGNNConfig.from_sizes(sizes, options))
         c = self.config
