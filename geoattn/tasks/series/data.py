@@ -22,6 +22,7 @@ observation, up to the batch's longest series) are all zero.
 from __future__ import annotations
 
 import io
+import os
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -139,9 +140,9 @@ def _write_cache(path: Path, data: Dataset) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(buffer.getvalue())
-    tmp.replace(path)  # atomic: parallel runs never read half a file
+    tmp.replace(path)  # atomic: parallel runs never read half a file, nor write into each other's
 
 
 def _read_cache(path: Path, name: str) -> Dataset:

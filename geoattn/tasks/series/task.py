@@ -134,9 +134,10 @@ class SeriesTask(Task):
         # the longest series of the set: the time scale the models normalise t by
         self.time_scale = float(max(len(s) for raw in (data.train, data.test) for s in raw.series))
         fit, val = stratified_split(data.train.labels, c.val_fraction, c.seed)
-        mean, std = channel_statistics([data.train.series[i] for i in fit])
-        train = irregular(data.train, "train", c.drop, c.seed, mean, std)
-        test = irregular(data.test, "test", c.drop, c.seed, mean, std)
+        # per-channel statistics of the training series (validation excluded), (C,) each
+        self.mean, self.std = channel_statistics([data.train.series[i] for i in fit])
+        train = irregular(data.train, "train", c.drop, c.seed, self.mean, self.std)
+        test = irregular(data.test, "test", c.drop, c.seed, self.mean, self.std)
         self.splits = {
             "train": _split([train[i] for i in fit], data.train.labels[fit]),
             "val": _split([train[i] for i in val], data.train.labels[val]),
