@@ -94,15 +94,15 @@ def test_bad_settings_name_their_key():
         with pytest.raises(ConfigError, match=key) as err:
             get_task("series", options, block_size=64)
         assert "\n" not in str(err.value)
-    with pytest.raises(ConfigError, match="geoattn\\[series\\]"):
-        sys.modules["torchcde"], saved = None, sys.modules.get("torchcde")
-        try:
-            SeriesTask(SeriesConfig()).build_model("ncde", SIZES)
-        finally:
-            if saved is None:
-                del sys.modules["torchcde"]
-            else:
-                sys.modules["torchcde"] = saved
+
+
+def test_a_missing_package_is_a_one_line_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchcde", None)  # import torchcde now fails
+    with pytest.raises(ConfigError, match="'torchcde': pip install 'geoattn\\[series\\]'"):
+        SeriesTask(SeriesConfig()).build_model("ncde", SIZES)
+    monkeypatch.setitem(sys.modules, "sktime", None)
+    with pytest.raises(ConfigError, match="'sktime': pip install 'geoattn\\[series\\]'"):
+        load_dataset("JapaneseVowels")
 
 
 @pytest.mark.parametrize("name,options", MODELS)

@@ -262,7 +262,8 @@ class MaskedBlock(nn.Module):
 
 class SeriesMTAN(TaskModel):
     """mTAN-style Transformer: ``Linear(values) + TimeEmbedding(t)``, masked pre-norm blocks, final
-    norm, masked mean pooling, linear classifier."""
+    norm, masked mean pooling, linear classifier. mTAN's time embedding in a standard encoder, not
+    mTAN's attention to reference time points."""
 
     def __init__(self, config: MTANConfig, channels: int, n_classes: int, time_scale: float):
         super().__init__()
