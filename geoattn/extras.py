@@ -8,6 +8,7 @@ which the command line prints without a traceback.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 from geoattn.errors import ConfigError
@@ -17,6 +18,7 @@ EXTRAS = {  # extra -> what it brings
     "docs": "MkDocs, mkdocstrings (make docs)",
     "tensorboard": "TensorBoard event files (--logger tensorboard)",
     "molecules": "tblite, ASE, RDKit, MACE, SchNetPack (geoattn data make molecule, geoattn bench molecule)",
+    "series": "sktime's bundled time-series sets and torchcde (the series task and its ncde model)",
 }
 
 
@@ -33,6 +35,21 @@ def require(module: str, *, extra: str, purpose: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ConfigError(
-            f"{purpose} needs the optional package {module!r}: pip install 'geoattn[{extra}]'"
-        ) from None
+        raise _missing(module, extra, purpose) from None
+
+
+def check_installed(module: str, *, extra: str, purpose: str) -> None:
+    """:func:`require` without the import: the same ConfigError when ``module`` is not installed, for
+    callers that may not need to import it (a cache hit) and should not pay for the import."""
+    if extra not in EXTRAS:
+        raise ValueError(f"unknown extra {extra!r}; known: {', '.join(EXTRAS)}")
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a module blocked in sys.modules
+        found = False
+    if not found:
+        raise _missing(module, extra, purpose)
+
+
+def _missing(module: str, extra: str, purpose: str) -> ConfigError:
+    return ConfigError(f"{purpose} needs the optional package {module!r}: pip install 'geoattn[{extra}]'")

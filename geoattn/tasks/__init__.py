@@ -19,6 +19,7 @@ TASKS = {
     "nbody": "geoattn.tasks.nbody.task:NBodyTask",
     "molecule": "geoattn.tasks.molecule.task:MoleculeTask",
     "pointcloud": "geoattn.tasks.pointcloud.task:PointCloudTask",
+    "series": "geoattn.tasks.series.task:SeriesTask",
 }
 
 
