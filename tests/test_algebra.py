@@ -537,7 +537,7 @@ def test_compiled_kernels_match_the_eager_form_values_and_gradients(monkeypatch)
 @torch._dynamo.config.patch(recompile_limit=1)  # (monkeypatch would delete the setting on undo)
 def test_many_algebras_and_widths_in_one_process(monkeypatch):
     """Issue #12: models of several widths and algebras built in one process. Every large product
-    (rows · 2ⁿ ≥ COMPILE_MIN_ELEMENTS, forward and backward) goes through torch.compile'd per-blade kernels;
+    (rows · 4ⁿ ≥ COMPILE_MIN_ELEMENTS, forward and backward) goes through torch.compile'd per-blade kernels;
     one function shared by all tables was recompiled per table and failed at dynamo's recompile
     limit (8) on the third algebra. Here the limit is 1: any recompile (per width, per algebra
     instance, per table) makes a product give up its kernel and fails the test; the "eager" backend

@@ -372,3 +372,47 @@ def test_output_into_a_closed_pipe_ends_quietly():
         os.close(write)
     assert proc.returncode == 141
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+def test_the_command_line_and_the_models_import_without_the_compiler():
+    """Parsing a command and importing every model imports no ``torch._dynamo`` (seconds at start-up):
+    what only matters once something compiles is marked lazily (`geoattn.compile`)."""
+    code = (
+        "import sys\n"
+        "from geoattn.cli import build_parser\n"
+        "build_parser().parse_args(['data', 'list'])\n"
+        "import geoattn.models, geoattn.layers, geoattn.attention\n"
+        "from geoattn.models import RotorLM, RotorTransformer, TransformerLM\n"
+        "from geoattn.attention import rotor_attention, rt_attention\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
+def test_the_lazy_compiler_markers_do_what_torchs_do():
+    """`constant_result` sets what ``torch.compiler.assume_constant_result`` sets; `disabled` runs its
+    function eagerly inside a caller's ``torch.compile`` (a graph break), as ``torch.compiler.disable``."""
+    import torch
+
+    from geoattn.compile import constant_result, disabled
+
+    def ours():
+        return 1
+
+    def theirs():
+        return 1
+
+    assert vars(constant_result(ours)) == vars(torch.compiler.assume_constant_result(theirs))
+    seen = []
+
+    @disabled
+    def inner(x):
+        seen.append(torch.compiler.is_compiling())
+        return x.sin()
+
+    x = torch.randn(3)
+    out = torch.compile(lambda x: inner(x + 1).cos(), backend="eager")(x)
+    torch.testing.assert_close(out, (x + 1).sin().cos())
+    assert seen == [False]

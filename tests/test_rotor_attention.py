@@ -209,11 +209,15 @@ def test_auto_runs_in_query_chunks_without_pair_tensors(monkeypatch):
 
 def test_compiled_block_kernels_match_eager(monkeypatch):
     """Large query blocks run their N×N work as torch.compile'd kernels (dynamic shapes, the blocks
-    recomputed in the backward): values and gradients equal the eager blocks'. Backend aot_eager:
-    dynamo's tracing and AOT autograd without code generation, to stay quick (the bench runs inductor)."""
+    recomputed in the backward; compose's with its own backward, `_ComposeFunction`): values and
+    gradients equal the eager blocks'. Backend aot_eager: dynamo's tracing and AOT autograd without
+    code generation, to stay quick (the bench runs inductor)."""
     monkeypatch.setattr(rotor_module, "COMPILE_BACKEND", "aot_eager")
-    compose = rotor_module._BlockKernel(rotor_module._compose_block)
-    monkeypatch.setattr(rotor_module, "_COMPOSE_BLOCK", compose)
+    compose = [
+        rotor_module._BlockKernel(f) for f in (rotor_module._compose_forward, rotor_module._compose_backward)
+    ]
+    monkeypatch.setattr(rotor_module, "_COMPOSE_FORWARD", compose[0])
+    monkeypatch.setattr(rotor_module, "_COMPOSE_BACKWARD", compose[1])
     monkeypatch.setattr(rotor_module, "_SANDWICH_BLOCKS", {})
     mask = torch.tensor([[True, True, False, True, True, False]])
     # two blocks of 3 queries (a block of 1, or nq == nk, would specialise and recompile): 1 graph a kernel
@@ -228,8 +232,8 @@ def test_compiled_block_kernels_match_eager(monkeypatch):
         assert _rel(results[1][0], results[0][0]) < 1e-12, (head_type, aggregation)
         for g, rg in zip(results[1][1], results[0][1]):
             assert _rel(g, rg) < 1e-12, (head_type, aggregation)
-    kernels = [compose, *rotor_module._SANDWICH_BLOCKS.values()]
-    assert len(kernels) == 2 and all(kernel._compiled and not kernel.failed for kernel in kernels)
+    kernels = [*compose, *rotor_module._SANDWICH_BLOCKS.values()]
+    assert len(kernels) == 3 and all(kernel._compiled and not kernel.failed for kernel in kernels)
 
 
 @torch._dynamo.config.patch(recompile_limit=1)  # (monkeypatch would delete the setting on undo)

@@ -35,7 +35,7 @@ class CliffordAlgebra:
         grade_indices: ``grade_indices[k]`` = blade indices of grade k (contiguous: see ``grade_slice``).
         vector_indices, bivector_indices: ``grade_indices[1]``, ``grade_indices[2]``.
         cayley_sparse: the nonzero entries ``(i, j, k, sign)`` of ``e_i e_j = sign · e_k``.
-        compile: run large batches (rows · 2ⁿ passing `geoattn.compile.worth_compiling`, n ≤ 4) of the
+        compile: run large batches (rows · 4ⁿ passing `geoattn.compile.worth_compiling`, n ≤ 4) of the
             bilinear products through ``torch.compile``d per-blade kernels (default True; False: eager). The
             first large call per product compiles (seconds).
 
@@ -248,7 +248,8 @@ class CliffordAlgebra:
             if per_blade:
                 return self._products.plain(table)(a, b)
         elif per_blade and self.compile and not self._products.compile_failed:
-            if worth_compiling(math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])) * self.dim):
+            # counted as the eager forms' (rows, dim, dim) intermediate, the work the kernel saves
+            if worth_compiling(math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])) * self.dim**2):
                 return kernels.CompiledBilinear.apply(a, b, self._products, table)
         t = self._table(a.device, a.dtype)
         if self.dim <= kernels.DENSE_MAX_DIM:

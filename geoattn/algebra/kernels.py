@@ -9,13 +9,12 @@ Three forms of the same sparse product ``c_k = Σ sign · a_i · b_j`` over the 
   BENCHMARKS.md), and its double backward (a force loss) stays GEMMs, where the gather's is scatters.
 * ``gather_product`` (larger algebras): the dim² nonzero terms through an indexed gather; the GEMM
   does dim³, and already at dim = 16 (PGA) loses to the gather (BENCHMARKS.md).
-* a per-blade expression generated from the sparse table (64 multiply-adds for Cl(3)), evaluated
-  component-major (``(dim, M)``: each blade a contiguous row, so every multiply-add is a vector op).
-  Large eager batches run it under ``torch.compile``: one fused kernel whose transposes in and out
-  the compiler folds into its loads and stores, so it reads and writes the user's batch-major
-  ``(M, dim)`` tensors at the speed of kingdon on component-major data (`geoattn bench algebra`).
-  Inside a caller's ``torch.compile`` it is traced as-is into
-  the caller's graph.
+* a per-blade expression generated from the sparse table (64 multiply-adds for Cl(3)) on the
+  user's batch-major ``(M, dim)`` tensors. Large eager batches run it under ``torch.compile``: one
+  fused loop over the rows that reads each row's blades and writes the product's row (`geoattn
+  bench algebra` against kingdon). Written component-major (``(dim, M)``) instead, the compiled
+  kernel wrote the blades as rows and transposed them in a second pass over the output, the slower
+  form. Inside a caller's ``torch.compile`` it is traced as-is into the caller's graph.
 """
 
 from __future__ import annotations
@@ -64,20 +63,19 @@ def dense_product(a: Tensor, b: Tensor, table: Tensor) -> Tensor:
 def per_blade_source(entries: Entries, dim: int, name: str) -> str:
     """Python source of ``name(a, b)``: ``(..., dim)`` × ``(..., dim)`` (broadcasting) → ``(..., dim)``.
 
-    The body works component-major (``(dim, M)``: each blade a contiguous row); the function
-    transposes the user's batch-major tensors in and out.
+    The body reads each blade as a column of the batch-major ``(M, dim)`` rows and stacks the
+    product's blades back into rows (compiled: one loop over the rows, no transposes).
     """
     lines = [f"def {name}(a, b):", "    a, b = torch.broadcast_tensors(a, b)", "    shape = a.shape"]
-    lines += [f"    a, b = a.reshape(-1, {dim}).T, b.reshape(-1, {dim}).T  # (dim, M)"]
+    lines += [f"    a, b = a.reshape(-1, {dim}), b.reshape(-1, {dim})  # (M, dim)"]
     used_a = sorted({i for i, _, _, _ in entries})
     used_b = sorted({j for _, j, _, _ in entries})
-    lines += [f"    a{i} = a[{i}]" for i in used_a] + [f"    b{j} = b[{j}]" for j in used_b]
+    lines += [f"    a{i} = a[:, {i}]" for i in used_a] + [f"    b{j} = b[:, {j}]" for j in used_b]
     outputs = []
     for k in range(dim):
         terms = [f"{'+' if s > 0 else '-'} a{i} * b{j}" for i, j, kk, s in entries if kk == k]
-        outputs.append(" ".join(terms).removeprefix("+ ") or "torch.zeros_like(a[0] * b[0])")
-    lines.append(f"    out = torch.stack([{', '.join(outputs)}])")
-    lines.append("    return out.T.contiguous().view(shape)  # compiled: a transposing store in the kernel")
+        outputs.append(" ".join(terms).removeprefix("+ ") or "torch.zeros_like(a[:, 0] * b[:, 0])")
+    lines.append(f"    return torch.stack([{', '.join(outputs)}], -1).view(shape)")
     return "\n".join(lines)
 
 

@@ -82,7 +82,9 @@ Backends:
   work as one ``torch.compile``d kernel between the GEMMs (:class:`_BlockKernel`; off with
   ``CliffordAlgebra(compile=False)``). Memory O(chunk · N) per (B, H), never an N×N×dim tensor; with
   gradients and several chunks, each chunk is recomputed in the backward (activation checkpointing),
-  so training memory is O(N) too. Projection and frame factorise completely into per-key transforms
+  so training memory is O(N) too; compose's compiled chunks have a backward of their own instead
+  (:class:`_ComposeFunction`: flash attention's scheme, α recomputed from a log-sum-exp per query).
+  Projection and frame factorise completely into per-key transforms
   around plain attention (``scaled_dot_product_attention``) and, for frame, per-query transforms.
 """
 
@@ -104,7 +106,7 @@ from geoattn.algebra.named import shared_algebra
 from geoattn.attention import native
 from geoattn.attention.dtypes import outside_autocast
 from geoattn.attention.rotor_heads import HEADS, HeadType, check_head_types, register_head_type
-from geoattn.compile import own_code, worth_compiling
+from geoattn.compile import constant_result, own_code, worth_compiling
 
 _T = TypeVar("_T")
 BACKENDS = ("auto", "reference")
@@ -453,7 +455,7 @@ def _sandwich_plan(algebra: CliffordAlgebra, head_type: str, inverse: bool) -> _
 _PLAN_TABLES: dict[tuple, tuple] = {}
 
 
-@torch._dynamo.assume_constant_result  # inside a caller's torch.compile: run, not traced
+@constant_result  # inside a caller's torch.compile: run, not traced
 def _plan_tables(p: int, q: int, r: int, head_type: str, inverse: bool) -> tuple:
     """:func:`_sandwich_plan` of ``Cl(p, q, r)`` as plain values: ``((shape, values),) * 3 + (sign,)``."""
     key = (p, q, r, head_type, inverse)
@@ -534,6 +536,23 @@ def rotor_log_scale(dot: Tensor) -> Tensor:
     c = torch.where(parallel, torch.zeros_like(dot), dot)  # the direct form away from c = 1 (its gradient)
     direct = torch.arccos(c.clamp_min(-1 + g)) * torch.rsqrt((1 - c) * (1 + c).clamp_min(g))
     return torch.where(parallel, 1 + u * (1 / 3 + u * (2 / 15 + u * (2 / 35))), direct)
+
+
+def rotor_log_scale_derivative(dot: Tensor) -> Tensor:
+    """``f'(c)`` of :func:`rotor_log_scale`, guards included: the derivative autograd takes through it
+    (zero where a clamp holds the argument), written out for compose's own backward. Same shape as dot."""
+    g = guard_eps(dot.dtype)
+    u = 1 - dot
+    parallel = u < g
+    c = torch.where(parallel, torch.zeros_like(dot), dot)
+    lower = c.clamp_min(-1 + g)
+    one_plus = (1 + c).clamp_min(g)
+    r = torch.rsqrt((1 - c) * one_plus)
+    angle = torch.arccos(lower)
+    d_angle = torch.where(c >= -1 + g, -torch.rsqrt(1 - lower * lower), torch.zeros_like(c))
+    d_h = -one_plus + torch.where(1 + c >= g, 1 - c, torch.zeros_like(c))  # of h = (1 − c) max(1 + c, g)
+    direct = d_angle * r + angle * (-0.5 * r * r * r) * d_h
+    return torch.where(parallel, -(1 / 3 + u * (4 / 15 + u * (6 / 35))), direct)
 
 
 def _logit_queries(q: Tensor, algebra: CliffordAlgebra) -> Tensor:
@@ -752,6 +771,102 @@ def _compose_block(qs_c, am_c, kf, b, values, mask) -> tuple[Tensor, Tensor]:
 
 
 _COMPOSE_BLOCK = _BlockKernel(_compose_block)
+
+
+def _compose_forward(qs_c, am_c, kf, b, values, mask) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_compose_block` as :class:`_ComposeFunction` runs it: the two sums, the log-sum-exp of each
+    query's logits ``(B, H, nq, 1)`` and the weights α ``(B, H, nq, nk)`` (the caller keeps or drops them)."""
+    logits = qs_c @ kf.transpose(-1, -2)
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(logits, -1, keepdim=True)
+    alpha = torch.exp(logits - lse)
+    if torch.compiler.is_compiling():  # a sum of n broadcast products, fused with f
+        cosine = (am_c[..., :, None, :] * b[..., None, :, :]).sum(-1)
+    else:
+        cosine = am_c @ b.transpose(-1, -2)
+    return alpha @ values, (alpha * rotor_log_scale(cosine)) @ b, lse, alpha
+
+
+def _compose_backward(
+    qs_c, am_c, kf, b, values, mask, lse, alpha, out_v, out_k, g_v, g_k
+) -> tuple[Tensor, ...]:
+    """The gradients of :func:`_compose_forward`'s two sums with respect to ``qs_c, am_c, kf, b, values``.
+
+    α is the forward's (``alpha``), or, where None, recomputed from the logits and the saved
+    log-sum-exp; with ``f = f(⟨a_i, b_j⟩)`` and ``γ_ij = g_k,i · b_j``: ``dα = g_v valuesᵀ + f ⊙ γ``; the
+    softmax's ``dlogits = α ⊙ (dα − δ)`` with ``δ_i = Σ_j α_ij dα_ij = g_v,i · out_v,i + g_k,i · out_k,i``
+    (the two sums themselves); the cosines get ``α ⊙ γ ⊙ f'``. With α recomputed: five (nq × N)-sized
+    GEMMs, as flash attention's backward, and no (nq × N) tensor kept between forward and backward.
+    """
+    if alpha is None:
+        logits = qs_c @ kf.transpose(-1, -2)
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))
+        alpha = torch.exp(logits - lse)
+    if torch.compiler.is_compiling():
+        cosine = (am_c[..., :, None, :] * b[..., None, :, :]).sum(-1)
+        gamma = (g_k[..., :, None, :] * b[..., None, :, :]).sum(-1)
+    else:
+        cosine = am_c @ b.transpose(-1, -2)
+        gamma = g_k @ b.transpose(-1, -2)
+    f = rotor_log_scale(cosine)
+    delta = (g_v * out_v).sum(-1, keepdim=True) + (g_k * out_k).sum(-1, keepdim=True)
+    d_logits = alpha * (g_v @ values.transpose(-1, -2) + f * gamma - delta)
+    d_cosine = alpha * gamma * rotor_log_scale_derivative(cosine)
+    # (Gᵀ A)ᵀ for Aᵀ G with G of n columns: the same sums, where MKL's GEMM with n output columns and a
+    # transposed left operand ran several times slower than with n output rows
+    g_b = (g_k.transpose(-1, -2) @ (alpha * f) + am_c.transpose(-1, -2) @ d_cosine).transpose(-1, -2)
+    return (
+        d_logits @ kf,
+        d_cosine @ b,
+        d_logits.transpose(-1, -2) @ qs_c,
+        g_b,
+        alpha.transpose(-1, -2) @ g_v,
+    )
+
+
+_COMPOSE_FORWARD = _BlockKernel(_compose_forward)
+_COMPOSE_BACKWARD = _BlockKernel(_compose_backward)
+
+
+class _ComposeFunction(torch.autograd.Function):
+    """Compose's query block with its own backward (flash attention's scheme): the forward keeps its
+    inputs, its two sums and a log-sum-exp per query, and the weights α only where ``keep_weights`` (a
+    single block: its memory is bounded like the blocks'); the backward recomputes α from the rest
+    otherwise (:func:`_compose_backward`). Against autograd through :func:`_compose_block` with the block
+    recomputed (activation checkpointing), the backward skips the recomputed sums and the softmax's
+    reductions. Both halves run compiled (:class:`_BlockKernel`; eager where that fails, the same
+    maths). First derivatives only, as the compiled block it replaces."""
+
+    @staticmethod
+    def forward(ctx, qs_c, am_c, kf, b, values, mask, keep_weights: bool):
+        out_v, out_k, lse, alpha = _COMPOSE_FORWARD(True, qs_c, am_c, kf, b, values, mask)
+        kept = alpha if keep_weights else None
+        ctx.save_for_backward(qs_c, am_c, kf, b, values, mask, lse, kept, out_v, out_k)
+        return out_v, out_k
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_v, g_k):
+        grads = _COMPOSE_BACKWARD(True, *ctx.saved_tensors, g_v.contiguous(), g_k.contiguous())
+        return (*grads, None, None)
+
+
+class _ComposeBlocks:
+    """Compose's query blocks for :func:`_query_blocks`. Large ones (``compiled``, outside a caller's
+    ``torch.compile``) go through :class:`_ComposeFunction`, which recomputes what its backward needs
+    itself (``own_backward``: `_query_blocks` calls them with ``single``, whether the block is the only
+    one); the others through :func:`_compose_block` under autograd, as every block kernel."""
+
+    own_backward = True
+
+    def __call__(self, compiled: bool, *args, single: bool | None = None):
+        if single is not None:
+            return _ComposeFunction.apply(*args, single)
+        return _COMPOSE_BLOCK(compiled, *args)
+
+
 # one sandwich kernel per table shape (P, r, dim, r_w): heads of other feature counts would otherwise
 # share one compiled copy, and the second would turn it dynamic (slower) for both
 _SANDWICH_BLOCKS: dict[tuple, _BlockKernel] = {}
@@ -782,11 +897,15 @@ def _query_blocks(
     keys the chunk may see (causal: later keys are never attended); mask: the chunk's
     ``(B|1, 1, nq, nk)`` allowed pairs or None. Memory
     O(chunk · N) per (B, H): with gradients and several chunks each chunk is recomputed in the
-    backward (activation checkpointing), so training memory is O(N) too.
+    backward (activation checkpointing), so training memory is O(N) too, unless the block recomputes
+    what its backward needs itself (``block.own_backward``, where compiled: then it is called with
+    ``single``, whether it is the only chunk).
     """
     B, H, N = queries[0].shape[:3]
     chunk = chunk_size or max(16, _AUTO_CHUNK_ELEMENTS // max(1, B * H * N))
     compiled = algebra.compile and worth_compiling(B * H * min(chunk, N) * N)
+    # a compiled block that recomputes what its backward needs itself is not checkpointed
+    own_backward = compiled and getattr(block, "own_backward", False) and not torch.compiler.is_compiling()
     starts = range(0, N, chunk)
     parts = []
     for s in starts:
@@ -800,7 +919,9 @@ def _query_blocks(
             mask,
             *extra,
         )
-        if len(starts) > 1 and grad:
+        if own_backward:
+            parts.append(block(compiled, *args, single=len(starts) == 1))
+        elif len(starts) > 1 and grad:
             parts.append(checkpoint(block, compiled, *args, use_reentrant=False))
         else:
             parts.append(block(compiled, *args))
@@ -846,10 +967,13 @@ def _compose(q, k, v, algebra, causal, inverse, key_mask, chunk_size) -> Tensor:
     Cv = v.shape[3]
     a, b = directions(q, algebra), directions(k, algebra)  # (B, H, N, n)
     am = a * _tables(algebra, q.device, q.dtype)["metric"]  # am @ bᵀ = ⟨a_i, b_j⟩
+    # b stored coordinate by coordinate (the same (B, H, N, n) tensor): the blocks' compiled kernels read
+    # each coordinate of 16 consecutive keys as one vector, not as a strided gather
+    b_by_coordinate = b.transpose(-1, -2).contiguous().transpose(-1, -2)
     mean_values, mean_keys = _query_blocks(
-        _COMPOSE_BLOCK,
+        _ComposeBlocks(),
         (_logit_queries(q, algebra), am),
-        (k.flatten(-2), b, v.flatten(-2)),
+        (k.flatten(-2), b_by_coordinate, v.flatten(-2)),
         causal=causal, key_mask=key_mask, chunk_size=chunk_size, algebra=algebra, grad=_needs_grad(q, k, v),
     )  # fmt: skip
     # Σ_j α_ij f_ij (b_j ∧ a_i) = (Σ_j α_ij f_ij b_j) ∧ a_i, a simple bivector: closed-form exp

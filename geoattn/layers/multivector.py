@@ -181,6 +181,7 @@ class EquiLinear(nn.Module):
         G = algebra.n + 1
         self.weight = nn.Parameter(torch.randn(G, out_channels, in_channels) / math.sqrt(in_channels))
         self.register_buffer("grades", algebra.blade_grades, persistent=False)
+        self.register_buffer("grade_onehot", F.one_hot(algebra.blade_grades, G).float(), persistent=False)
         if algebra.r > 0:
             # x ↦ e0 x as a matrix (row vectors: (e0 x)_B = Σ_A x_A L0[A, B]), mixed per source grade;
             # e0 = the first basis vector, a null one (clifford's order puts them first)
@@ -189,6 +190,9 @@ class EquiLinear(nn.Module):
             self.weight_e0 = nn.Parameter(
                 torch.randn(G, out_channels, in_channels) / math.sqrt(4 * in_channels)
             )
+            # e0 ⟨x⟩_k has grade k + 1: each output blade takes the weight of its source grade
+            source = F.one_hot((algebra.blade_grades - 1).clamp_min(0), G).float()
+            self.register_buffer("source_onehot", source, persistent=False)
         else:
             self.weight_e0 = None
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
@@ -199,25 +203,38 @@ class EquiLinear(nn.Module):
     def forward(self, x: Tensor, s: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         _check_mv(x, self.algebra, self.in_channels, "x", "EquiLinear")
         _check_scalars(s, self.in_scalars, x.shape[:-2], "s", "EquiLinear")
-        w = self.weight.to(x.dtype)[self.grades]  # (dim, out, in): the weight of each blade's grade
+        w = _per_blade(self.weight, self.grade_onehot, x.dtype)  # (dim, out, in): each blade's grade's
         y = torch.einsum("...ca,adc->...da", x, w)
         if self.weight_e0 is not None:
-            # e0 ⟨x⟩_k has grade k + 1: index the weight by the source grade of each output blade
             ex = x @ self.e0_left.to(x.dtype)
-            w0 = self.weight_e0.to(x.dtype)[(self.grades - 1).clamp_min(0)]
+            w0 = _per_blade(self.weight_e0, self.source_onehot, x.dtype)
             y = y + torch.einsum("...ca,adc->...da", ex, w0)
-        scalar = y[..., 0]
-        if self.bias is not None:
-            scalar = scalar + self.bias.to(x.dtype)
-        if self.s_to_mv is not None:
-            scalar = scalar + self.s_to_mv(s)
-        y = torch.cat([scalar[..., None], y[..., 1:]], -1)
+        if self.bias is not None or self.s_to_mv is not None:
+            # what the scalar blade gets besides its grade's weight: bias and scalar inputs, one GEMM
+            bias = self.bias.to(x.dtype) if self.bias is not None else None
+            if self.s_to_mv is not None:
+                extra = F.linear(s, self.s_to_mv.weight.to(x.dtype), bias)
+            else:
+                extra = bias.expand(*y.shape[:-2], self.out_channels)
+            scalar, rest = y.split([1, y.shape[-1] - 1], -1)  # (split: its backward is one cat)
+            y = torch.cat([scalar + extra[..., None], rest], -1)
         s_out = None
         if self.out_scalars:
-            s_out = self.mv_to_s(x[..., 0])
-            if self.s_to_s is not None:
-                s_out = s_out + self.s_to_s(s)
+            if self.s_to_s is None:
+                s_out = self.mv_to_s(x[..., 0])
+            else:  # both sources of the scalar outputs in one GEMM
+                inputs = torch.cat([x[..., 0], s.to(x.dtype)], -1)
+                weight = torch.cat([self.mv_to_s.weight, self.s_to_s.weight], 1).to(x.dtype)
+                bias = self.mv_to_s.bias.to(x.dtype) if self.mv_to_s.bias is not None else None
+                s_out = F.linear(inputs, weight, bias)
         return y, s_out
+
+
+def _per_blade(weight: Tensor, onehot: Tensor, dtype: torch.dtype) -> Tensor:
+    """``(G, out, in)`` grade matrices → ``(dim, out, in)`` blade matrices, ``onehot (dim, G)`` choosing
+    each blade's grade: one GEMM each way (indexing by grade took a scatter-add in the backward)."""
+    G = weight.shape[0]
+    return (onehot.to(dtype) @ weight.to(dtype).view(G, -1)).view(-1, *weight.shape[1:])
 
 
 class GeometricMLP(nn.Module):
@@ -248,6 +265,6 @@ class GeometricMLP(nn.Module):
 
     def forward(self, x: Tensor, s: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         h, hs = self.inner(x, s)
-        u = self.algebra.geometric_product(h[..., : self.hidden, :], h[..., self.hidden :, :])
+        u = self.algebra.geometric_product(*h.split(self.hidden, -2))  # (split: its backward is one cat)
         u = u * F.gelu(u[..., :1])
         return self.outer(u, F.gelu(hs) if hs is not None else None)

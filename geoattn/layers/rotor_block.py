@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.attention.rotor_heads import HEADS, check_head_types
 from geoattn.attention.rotor_kernel import rotor_attention
+from geoattn.compile import disabled
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
 
 
@@ -56,8 +57,21 @@ class RotorPositionalEncoding(nn.Module):
                 f"RotorPositionalEncoding: positions has shape {tuple(positions.shape)}, expected (N,) or "
                 f"(B, N) with N = {x.shape[2]}"
             )
-        action = self.algebra.versor_matrix(self.rotors(positions, x.dtype))  # (B|1, H, N, dim, dim)
-        return x @ action.transpose(-1, -2)
+        return x @ self.action(positions, x.dtype).transpose(-1, -2)
+
+    def action(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
+        """The matrix of ``x ↦ R_h(t) x R̃_h(t)``: positions ``(N,)`` / ``(B, N)`` →
+        ``(B|1, H, N, dim, dim)``."""
+        return self.algebra.versor_matrix(self.rotors(positions, dtype))
+
+    def rotate_qk(self, qk: Tensor, positions: Tensor) -> Tensor:
+        """Queries and keys together, as the attention's projection lays them out: ``qk (B, N, 2, H, C,
+        dim)`` → the same shape. The same maths as ``forward`` on each, with one action for both and one
+        batched product per (head, position) over all batch rows and channels."""
+        action = self.action(positions, qk.dtype)
+        if action.shape[0] == 1:
+            return torch.einsum("bnshca,hnda->bnshcd", qk, action[0])
+        return torch.einsum("bnshca,bhnda->bnshcd", qk, action)
 
 
 class RotorAttention(nn.Module):
@@ -119,12 +133,13 @@ class RotorAttention(nn.Module):
         self.register_buffer("grades", algebra.blade_grades, persistent=False)
         self.out = EquiLinear(algebra, H * head_channels, channels, 0, scalars)
         self.positional = RotorPositionalEncoding(algebra, H) if positional_encoding else None
-        # heads of one type run together; `order` puts their outputs back in head order
-        self.groups = {
-            t: [h for h, ht in enumerate(head_types) if ht == t] for t in dict.fromkeys(head_types)
-        }
-        concat = [h for idx in self.groups.values() for h in idx]
+        # heads of one type run together; `order` puts their outputs back in head order (skipped where
+        # they are in order already); a group of consecutive heads is a slice (a view, no copy)
+        groups = {t: [h for h, ht in enumerate(head_types) if ht == t] for t in dict.fromkeys(head_types)}
+        self.groups = {t: _as_slice(idx) for t, idx in groups.items()}
+        concat = [h for idx in groups.values() for h in idx]
         self.register_buffer("order", torch.argsort(torch.tensor(concat)), persistent=False)
+        self._reorder = concat != sorted(concat)
 
     def forward(
         self, x: Tensor, s: Tensor | None = None, mask: Tensor | None = None, positions: Tensor | None = None
@@ -134,11 +149,14 @@ class RotorAttention(nn.Module):
         B, N = x.shape[:2]
         H, Ch = len(self.head_types), self.head_channels
         qkv, _ = self.qkv(x, s)  # (B, N, 3·H·Ch, dim)
-        q, k, v = qkv.view(B, N, 3, H, Ch, -1).permute(2, 0, 3, 1, 4, 5)  # each (B, H, N, Ch, dim)
+        qkv = qkv.view(B, N, 3, H, Ch, -1)
         if self.positional is not None:
             if positions is None:
                 raise ValueError("RotorAttention: positional_encoding=True needs positions")
-            q, k = self.positional(q, positions), self.positional(k, positions)
+            q, k = self.positional.rotate_qk(qkv[:, :, :2], positions).permute(2, 0, 3, 1, 4, 5)
+            v = qkv[:, :, 2].transpose(1, 2)
+        else:
+            q, k, v = qkv.permute(2, 0, 3, 1, 4, 5)  # each (B, H, N, Ch, dim)
         o = self._heads(q, k, v, mask)  # (B, H, N, Ch, dim) in head order
         o = o * self.grade_gain.to(o.dtype)[:, self.grades][:, None, None, :]
         return self.out(o.permute(0, 2, 1, 3, 4).reshape(B, N, H * Ch, -1), None)
@@ -147,7 +165,7 @@ class RotorAttention(nn.Module):
     # inside this layer that corrupted the heap (glibc "corrupted double-linked list"; reproduced with
     # `geoattn bench lm --models rotor --compile on`), while the kernel compiled on its own, and the
     # layer with the kernel left out, are exact. The kernel compiles its own block kernels either way.
-    @torch.compiler.disable
+    @disabled
     def _heads(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """Each group of heads of one type through :func:`rotor_attention`; ``(B, H, N, Ch, dim)``."""
         outs = [
@@ -164,7 +182,15 @@ class RotorAttention(nn.Module):
             )
             for t, idx in self.groups.items()
         ]
-        return torch.cat(outs, 1)[:, self.order]
+        o = torch.cat(outs, 1) if len(outs) > 1 else outs[0]
+        return o[:, self.order] if self._reorder else o
+
+
+def _as_slice(heads: list[int]) -> slice | list[int]:
+    """``heads`` as a slice where they are consecutive (indexing by it is a view), else the list."""
+    if heads == list(range(heads[0], heads[-1] + 1)):
+        return slice(heads[0], heads[-1] + 1)
+    return heads
 
 
 class RotorBlock(nn.Module):

@@ -51,6 +51,7 @@ from types import ModuleType
 
 import torch
 
+from geoattn.compile import constant_result
 from geoattn.errors import ConfigError, NativeBuildError
 
 try:
@@ -148,7 +149,7 @@ def _checked_march(value: str, source: str) -> str:
     return value
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def available() -> bool:
     """Whether `cpu_kernels` gives the module (building it on the first call). A constant of the
     process, so a compiled graph's path choice treats it as a static fact."""
