@@ -9,7 +9,7 @@ import torch
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes
 from geoattn.tasks.nbody.simulator import random_orthogonal, random_rotations
-from geoattn.tasks.pointcloud.graph import gather, knn
+from geoattn.tasks.pointcloud.graph import gather, knn, local_geometry
 from geoattn.tasks.pointcloud.peers import VNEdgeConv, VNInvariant, VNLinearLeakyReLU
 from geoattn.tasks.pointcloud.shapes import CLASSES
 from geoattn.tasks.pointcloud.task import PointCloudConfig, PointCloudTask, rotate
@@ -160,6 +160,24 @@ def test_knn_and_gather():
     assert torch.equal(gather(points, index)[0, 2, 1], points[0, 3])
     with pytest.raises(ValueError, match="k = 5 neighbours but the clouds have 4 points"):
         knn(points, 5)
+
+
+def test_local_geometry_tells_planes_and_lines_and_turns_with_the_cloud():
+    """The rotor model's local inputs: a plane's neighbourhoods have one zero extent, a line's two; the
+    mean offsets turn with the cloud, the extents do not (float64)."""
+    g = torch.Generator().manual_seed(4)
+    plane = torch.cat((torch.rand(1, 40, 2, generator=g, dtype=torch.float64), torch.zeros(1, 40, 1)), -1)
+    line = torch.rand(1, 40, 1, generator=g, dtype=torch.float64) * torch.tensor([1.0, 2.0, 3.0])
+    for cloud, flat in ((plane, 1), (line, 2)):
+        cloud = cloud - cloud.mean(1, keepdim=True)
+        _, extents = local_geometry(cloud, knn(cloud, 8))
+        assert extents[..., :flat].abs().max() < 1e-6 and extents[..., flat:].min() > 1e-3
+    cloud = torch.randn(2, 30, 3, generator=g, dtype=torch.float64)
+    q = random_orthogonal(2, g)
+    offset, extents = local_geometry(cloud, knn(cloud, 8))
+    turned_offset, turned_extents = local_geometry(rotate(cloud, q), knn(rotate(cloud, q), 8))
+    torch.testing.assert_close(turned_offset, rotate(offset, q), atol=1e-12, rtol=0)
+    torch.testing.assert_close(turned_extents, extents, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["pointnet", "dgcnn", "vn"])

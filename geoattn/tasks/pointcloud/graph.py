@@ -1,5 +1,5 @@
 """Neighbourhoods in point clouds, shared by the pointcloud task's networks: k nearest neighbours,
-gathering over them, and the invariant / equivariant local features the rotor model reads."""
+gathering over them, and the equivariant / invariant local features the rotor model reads."""
 
 from __future__ import annotations
 
@@ -24,32 +24,17 @@ def gather(features: Tensor, index: Tensor) -> Tensor:
     return flat[(index + offset).reshape(-1)].reshape(B, N, k, *features.shape[2:])
 
 
-def local_geometry(points: Tensor, index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def local_geometry(points: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
     """Each point's neighbourhood (``index`` ``(B, N, k)``, from :func:`knn`, itself included) in
     centred clouds ``(B, N, 3)``: the offset of the neighbours' mean ``(B, N, 3)`` (equivariant under
     O(3)) and the square roots of the neighbours' covariance eigenvalues ``(B, N, 3)``, ascending
     (invariant: the local extents along the neighbourhood's principal axes, which tell planes, lines
-    and blobs apart), both divided by the cloud's ``scale`` ``(B, 1, 1)``, its mean local extent (so
-    that the spacing of the points does not set them)."""
+    and blobs apart), both divided by the cloud's mean local extent (so that the spacing of the points
+    does not set them)."""
     neighbours = gather(points, index)  # (B, N, k, 3)
     mean = neighbours.mean(2)
     spread = neighbours - mean[:, :, None]
     covariance = spread.transpose(-1, -2) @ spread / index.shape[-1]  # (B, N, 3, 3)
     extents = torch.linalg.eigvalsh(covariance).clamp_min(0).sqrt()
     scale = extents.sum(-1).mean(1)[:, None, None].clamp_min(1e-9)
-    return (mean - points) / scale, extents / scale, scale
-
-
-def cloud_moments(points: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The cloud's second moment ``M = mean_i x_i x_iᵀ / tr`` (trace 1) of centred clouds ``(B, N, 3)``,
-    read at each point: the vectors ``M x_i`` and ``M² x_i`` ``(B, N, 2, 3)`` (equivariant: ``M`` turns
-    as ``R M Rᵀ``, so ``M x`` as ``R M x``, with no sign to choose, unlike principal axes), the scalars
-    ``x_iᵀ M x_i``, ``x_iᵀ M² x_i`` ``(B, N, 2)`` and ``M``'s eigenvalues ``(B, N, 3)`` (invariant: where
-    a point lies along the cloud's long and short axes, and the cloud's proportions)."""
-    moment = points.transpose(-1, -2) @ points / points.shape[1]  # (B, 3, 3)
-    moment = moment / moment.diagonal(dim1=-2, dim2=-1).sum(-1)[:, None, None].clamp_min(1e-12)
-    once = points @ moment  # (B, N, 3): M x_i (M is symmetric)
-    twice = once @ moment
-    scalars = torch.stack(((once * points).sum(-1), (twice * points).sum(-1)), -1)
-    eigenvalues = torch.linalg.eigvalsh(moment)[:, None].expand(-1, points.shape[1], -1)
-    return torch.stack((once, twice), 2), scalars, eigenvalues
+    return (mean - points) / scale, extents / scale

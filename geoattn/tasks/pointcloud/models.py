@@ -17,7 +17,7 @@ from geoattn.errors import ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.models.lm import LMConfig, build_backbone
 from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig, center
-from geoattn.tasks.pointcloud.graph import cloud_moments, gather, knn, local_geometry
+from geoattn.tasks.pointcloud.graph import knn, local_geometry
 
 
 class PointTransformer(TaskModel):
@@ -46,25 +46,17 @@ class PointRotorConfig(RotorTransformerConfig):
     """The rotor model on points: a :class:`RotorTransformerConfig` (its ``model.*`` keys) and two more.
 
     Fields:
-        neighbours: k of the local input features (each point's kNN mean offset and local extents;
-            0: the centred point and its radius only).
-        local: width of the learned neighbourhood encoder (:class:`LocalEncoder`; 0: none; needs
-            neighbours).
-        moments: read the cloud's second moment at each point (``M x``, ``M² x`` and invariants:
-            :func:`~geoattn.tasks.pointcloud.graph.cloud_moments`).
+        neighbours: k of the local input features (0: the centred point and its radius only).
+            The features: each point's kNN mean offset and local extents.
         readout: width of the readout MLP's hidden layer (0: a linear classifier).
     """
 
     neighbours: int = 16
-    local: int = 0
-    moments: bool = False
     readout: int = 128
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.local and not self.neighbours:
-            raise ConfigError("PointRotorConfig.local needs neighbours > 0 (the encoder's neighbourhoods)")
-        for name in ("neighbours", "local", "readout"):
+        for name in ("neighbours", "readout"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"PointRotorConfig.{name} must be an integer ≥ 0, got {value!r}")
@@ -72,58 +64,8 @@ class PointRotorConfig(RotorTransformerConfig):
 
 def point_inputs(config: PointRotorConfig) -> tuple[int, int]:
     """The rotor model's input widths (vector channels, scalars): the centred point and its radius;
-    with neighbours, its neighbours' mean offset, the offset's length and the 3 local extents; with a
-    local encoder, its vectors and scalars."""
-    vectors, scalars = (2, 5) if config.neighbours else (1, 1)
-    if config.local:
-        vectors, scalars = vectors + LocalEncoder.VECTORS, scalars + config.local
-    if config.moments:
-        vectors, scalars = vectors + 2, scalars + 5
-    return vectors, scalars
-
-
-class LocalEncoder(nn.Module):
-    """Learned neighbourhood features, invariant in and equivariant out (EGNN-style messages on the
-    kNN graph). For point i and each neighbour j, ``d_ij = (x_j − x_i) / scale``, the edge's invariants
-    ``e_ij = [|d_ij|, ⟨d_ij, x̂_i⟩, ⟨d_ij, o_i⟩, |x_i|, |x_j|, extents_i, extents_j]`` (``o_i`` the mean
-    offset, extents from :func:`~geoattn.tasks.pointcloud.graph.local_geometry`) go through an MLP to
-    ``m_ij`` (H); out come ``max_j m_ij`` (H invariant scalars) and ``mean_j w(m_ij)_v d_ij``
-    (``VECTORS`` equivariant vectors). ``forward`` → ``(B, N, VECTORS, 3)``, ``(B, N, H)``."""
-
-    VECTORS = 4
-    EDGE_FEATURES = 11
-
-    def __init__(self, width: int):
-        super().__init__()
-        self.message = nn.Sequential(
-            nn.Linear(self.EDGE_FEATURES, width), nn.GELU(), nn.Linear(width, width), nn.GELU()
-        )
-        self.weights = nn.Linear(width, self.VECTORS)
-
-    def forward(
-        self, points: Tensor, index: Tensor, offset: Tensor, extents: Tensor, scale: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """Centred ``points`` ``(B, N, 3)``, kNN ``index`` ``(B, N, k)``, ``offset``, ``extents``
-        ``(B, N, 3)`` and the clouds' ``scale`` ``(B, 1, 1)`` (:func:`local_geometry`)."""
-        k = index.shape[-1]
-        d = (gather(points, index) - points[:, :, None]) / scale[..., None]  # (B, N, k, 3)
-        radius = points.norm(dim=-1, keepdim=True)  # (B, N, 1)
-        direction = points / radius.clamp_min(1e-9)
-        edges = torch.cat(
-            (
-                d.norm(dim=-1, keepdim=True),
-                (d * direction[:, :, None]).sum(-1, keepdim=True),
-                (d * offset[:, :, None]).sum(-1, keepdim=True),
-                radius[:, :, None].expand(-1, -1, k, -1),
-                gather(radius, index),
-                extents[:, :, None].expand(-1, -1, k, -1),
-                gather(extents, index),
-            ),
-            -1,
-        )  # (B, N, k, 11)
-        m = self.message(edges)  # (B, N, k, H)
-        vectors = torch.einsum("bnkv,bnkd->bnvd", self.weights(m), d) / k
-        return vectors, m.amax(2)
+    with neighbours also its neighbours' mean offset, the offset's length and the 3 local extents."""
+    return (2, 5) if config.neighbours else (1, 1)
 
 
 class PointRotor(TaskModel):
@@ -145,7 +87,6 @@ class PointRotor(TaskModel):
         self.config = config
         self.model = RotorTransformer(config)
         self.algebra = self.model.algebra
-        self.local = LocalEncoder(config.local) if config.local else None
         C = config.out_channels
         self.register_buffer("pairs", torch.triu_indices(2 * C, 2 * C), persistent=False)
         features = 2 * (config.out_scalars + C + self.pairs.shape[1])  # mean and max of each
@@ -160,21 +101,13 @@ class PointRotor(TaskModel):
     def inputs(self, points: Tensor) -> tuple[Tensor, Tensor]:
         """Centred clouds ``(B, P, 3)`` → vector channels ``(B, P, V, dim)``, scalars ``(B, P, S)``
         (:func:`point_inputs`)."""
-        vectors, scalars = [points[:, :, None]], [points.norm(dim=-1, keepdim=True)]
-        if self.config.neighbours:
-            index = knn(points, self.config.neighbours)
-            offset, extents, scale = local_geometry(points, index)
-            vectors.append(offset[:, :, None])
-            scalars += [offset.norm(dim=-1, keepdim=True), extents]
-            if self.local is not None:
-                local_vectors, local_scalars = self.local(points, index, offset, extents, scale)
-                vectors.append(local_vectors)
-                scalars.append(local_scalars)
-        if self.config.moments:
-            moment_vectors, *moment_scalars = cloud_moments(points)
-            vectors.append(moment_vectors)
-            scalars += moment_scalars
-        return self.algebra.vector(torch.cat(vectors, 2)), torch.cat(scalars, -1)
+        radius = points.norm(dim=-1, keepdim=True)  # (B, P, 1)
+        if not self.config.neighbours:
+            return self.algebra.vector(points[:, :, None, :]), radius
+        offset, extents = local_geometry(points, knn(points, self.config.neighbours))
+        vectors = torch.stack((points, offset), 2)  # (B, P, 2, 3)
+        scalars = torch.cat((radius, offset.norm(dim=-1, keepdim=True), extents), -1)  # (B, P, 5)
+        return self.algebra.vector(vectors), scalars
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         check_points(x)

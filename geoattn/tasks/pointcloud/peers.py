@@ -74,7 +74,8 @@ class PointNetConfig:
     """PointNet (vanilla: no transform nets), scaled down.
 
     Fields:
-        width: the shared MLP's first width (from --n-embd); its layers are width · (1, 1, 2, 4, ...).
+        width: the shared MLP's first width (from --n-embd).
+            Its layers are width · (1, 1, 2, 4, ...).
         n_layer: layers of the shared per-point MLP (from --n-layer).
         dropout: dropout in the classifier (from --dropout; PointNet: 0.3).
     """
@@ -120,8 +121,9 @@ class DGCNNConfig:
     """DGCNN, scaled down.
 
     Fields:
-        width: the first EdgeConv's width (from --n-embd); the layers are width · (1, 1, 2, 4, ...),
-            their concatenation is embedded at its own width, pooled by max and mean.
+        width: the first EdgeConv's width (from --n-embd).
+            The layers are width · (1, 1, 2, 4, ...); their concatenation is embedded at its own
+            width and pooled by max and mean.
         n_layer: EdgeConv layers (from --n-layer; DGCNN: 4).
         k: neighbours per point (DGCNN: 20 of 1,024 points; 10 of the task's 64).
         dropout: dropout in the classifier (from --dropout; DGCNN: 0.5).
@@ -262,9 +264,9 @@ class VNConfig:
     """VN-DGCNN, scaled down.
 
     Fields:
-        channels: vector channels of the first VN-EdgeConv (from --n-embd: n_embd // 3, so a layer
-            holds about as many numbers as DGCNN's at the same --n-embd; VN: 64 // 3 = 21); the
-            layers are channels · (1, 1, 2, 4, ...).
+        channels: vector channels of the first VN-EdgeConv (from --n-embd: n_embd // 3).
+            A layer then holds about as many numbers as DGCNN's at the same --n-embd (VN: 64 // 3 =
+            21); the layers are channels · (1, 1, 2, 4, ...).
         n_layer: VN-EdgeConv layers (from --n-layer; VN-DGCNN: 4).
         k: neighbours per point (VN-DGCNN: 20 of 1,024 points; 10 of the task's 64).
         dropout: dropout in the classifier (from --dropout; VN-DGCNN: 0.5).

@@ -36,8 +36,8 @@ from geoattn.tasks.pointcloud.shapes import CLASSES, sample_clouds
 
 SPLITS = ("train", "val", "test")
 ROTATIONS = ("aligned", "z", "so3")
-# the rotor model's fixed shapes: Cl(3); its input widths follow model.neighbours and model.local
-# (models.point_inputs), its scalar output is the model's full scalar width; 8 multivector channels out
+# the rotor model's fixed shapes: Cl(3); its input widths follow model.neighbours (models.point_inputs),
+# its scalar output is the model's full scalar width; 8 multivector channels out (their Gram readout)
 ROTOR_IO = {"algebra": "cl3", "in_channels": 1, "in_scalars": 1, "out_channels": 8, "out_scalars": 1}
 # the peers (:mod:`.peers`): model name -> (config class, network)
 PEERS: dict[str, tuple[type, type[TaskModel]]] = {
@@ -61,10 +61,10 @@ class PointCloudConfig:
         train_size, val_size, test_size: clouds per split (balanced over the classes).
         noise: Gaussian noise std (the clouds have unit maximum radius).
         skew: non-uniform sampling: shape parameters are ``U^γ`` with γ in ``[1/skew, skew]`` per cloud.
-        train_rotation: rotations of training and validation clouds: ``aligned`` (none), ``z`` (about
-            z) or ``so3`` (random 3D rotations: SO(3) augmentation).
-        test_rotation: rotations of test clouds (``so3`` in both standard protocols); the final
-            metrics also test under every kind.
+        train_rotation: rotations of training and validation clouds: aligned, z or so3 (augmentation).
+            ``aligned``: none; ``z``: about the z axis; ``so3``: random 3D rotations.
+        test_rotation: rotations of test clouds (``so3`` in both standard protocols).
+            The final metrics also test under every kind.
         seed: seeds the three splits' clouds and rotations.
     """
 
@@ -128,11 +128,11 @@ class PointCloudTask(Task):
         "vn": "VN-DGCNN (Vector Neurons): O(3)-equivariant layers, invariant logits",
     }
     Settings: ClassVar[type] = PointCloudConfig
-    # every model's run: 1,000 steps of 32 clouds, one evaluation at the end; each model's size keeps a
-    # run to about 3 minutes on one thread (rotor: frame heads, its fastest exact head type; DGCNN and
-    # VN-DGCNN: 4 edge layers, k = 10; VN's 10 vector channels hold DGCNN's 32 numbers per layer)
+    # every model's run: 800 steps of 32 clouds, one evaluation at the end; sizes small enough for short
+    # runs on one CPU thread (rotor: frame heads, its fastest exact head type; DGCNN and VN-DGCNN: 4
+    # edge layers, k = 10; VN's 10 vector channels hold as many numbers as DGCNN's 32 channels)
     recipes: ClassVar[dict[str, dict[str, Any]]] = {
-        model: {"max_iters": 1000, "batch_size": 32, "eval_interval": 1000, "eval_iters": 4, **sizes}
+        model: {"max_iters": 800, "batch_size": 32, "eval_interval": 800, "eval_iters": 4, **sizes}
         for model, sizes in {
             "transformer": {"n_layer": 3, "n_head": 4, "n_embd": 64},
             "rotor": {
