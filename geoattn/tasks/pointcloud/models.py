@@ -7,13 +7,17 @@ translations by construction).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from geoattn.errors import ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.models.lm import LMConfig, build_backbone
 from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig, center
+from geoattn.tasks.pointcloud.graph import knn, local_geometry
 
 
 class PointTransformer(TaskModel):
@@ -31,41 +35,91 @@ class PointTransformer(TaskModel):
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         check_points(x)
         logits = self.head(self.backbone(self.embed(center(x))).mean(1))
-        return logits, _cross_entropy(logits, y)
+        return logits, cross_entropy(logits, y)
 
     def attention_maps(self, x: Tensor) -> list[Tensor]:
         return self.backbone.attention_maps(self.embed(center(x)))
 
 
+@dataclass
+class PointRotorConfig(RotorTransformerConfig):
+    """The rotor model on points: a :class:`RotorTransformerConfig` (its ``model.*`` keys) and two more.
+
+    Fields:
+        neighbours: k of the local input features (0: the centred point and its radius only).
+            The features: each point's kNN mean offset and local extents.
+        readout: width of the readout MLP's hidden layer (0: a linear classifier).
+    """
+
+    neighbours: int = 16
+    readout: int = 128
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("neighbours", "readout"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"PointRotorConfig.{name} must be an integer ≥ 0, got {value!r}")
+
+
+def point_inputs(config: PointRotorConfig) -> tuple[int, int]:
+    """The rotor model's input widths (vector channels, scalars): the centred point and its radius;
+    with neighbours also its neighbours' mean offset, the offset's length and the 3 local extents."""
+    return (2, 5) if config.neighbours else (1, 1)
+
+
 class PointRotor(TaskModel):
     """:class:`RotorTransformer` (Cl(3)) on points with an invariant readout.
 
-    Token i: the centred point ``x_i`` as a vector channel and ``|x_i|`` as a scalar. Readout: the
-    per-point invariant scalars and the norms of the output multivector channels (invariant under O(3)),
-    mean-pooled over points, then LayerNorm and a linear classifier. Rotations and reflections act on
-    the vectors only, so every readout feature, hence every logit, is unchanged; translations cancel in
-    the centring.
+    Token i: the centred point ``x_i`` and, with ``neighbours = k``, the offset of its k nearest
+    neighbours' mean, as vector channels; their lengths and the neighbourhood's local extents
+    (:func:`~geoattn.tasks.pointcloud.graph.local_geometry`) as scalars. Readout per point: the output
+    scalars, the norms of the output multivector channels, and the Gram matrix of the output channels'
+    vector parts together with their means over the cloud (``⟨a_ic, a_id⟩``, ``⟨a_ic, ā_d⟩``,
+    ``⟨ā_c, ā_d⟩``: the invariants of the point's vectors relative to the cloud's); pooled by mean and max
+    over points, then LayerNorm and an MLP. Every readout number is an O(3) invariant (norms and inner
+    products of vectors that rotate and reflect together), so every logit is invariant under rotations,
+    reflections and (by the centring) translations.
     """
 
-    def __init__(self, config: RotorTransformerConfig, n_classes: int):
+    def __init__(self, config: PointRotorConfig, n_classes: int):
         super().__init__()
         self.config = config
         self.model = RotorTransformer(config)
         self.algebra = self.model.algebra
-        features = config.out_scalars + config.out_channels
+        C = config.out_channels
+        self.register_buffer("pairs", torch.triu_indices(2 * C, 2 * C), persistent=False)
+        features = 2 * (config.out_scalars + C + self.pairs.shape[1])  # mean and max of each
         self.norm = nn.LayerNorm(features)
-        self.head = nn.Linear(features, n_classes)
+        hidden = config.readout
+        self.head = (
+            nn.Sequential(nn.Linear(features, hidden), nn.GELU(), nn.Linear(hidden, n_classes))
+            if hidden
+            else nn.Linear(features, n_classes)
+        )
+
+    def inputs(self, points: Tensor) -> tuple[Tensor, Tensor]:
+        """Centred clouds ``(B, P, 3)`` → vector channels ``(B, P, V, dim)``, scalars ``(B, P, S)``
+        (:func:`point_inputs`)."""
+        radius = points.norm(dim=-1, keepdim=True)  # (B, P, 1)
+        if not self.config.neighbours:
+            return self.algebra.vector(points[:, :, None, :]), radius
+        offset, extents = local_geometry(points, knn(points, self.config.neighbours))
+        vectors = torch.stack((points, offset), 2)  # (B, P, 2, 3)
+        scalars = torch.cat((radius, offset.norm(dim=-1, keepdim=True), extents), -1)  # (B, P, 5)
+        return self.algebra.vector(vectors), scalars
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         check_points(x)
-        points = center(x)
-        radius = points.norm(dim=-1, keepdim=True)  # (B, P, 1)
-        mv, scalars = self.model(self.algebra.vector(points[:, :, None, :]), radius)
-        # (B, P, C_out): blade-coefficient norms; versors act orthogonally on Cl(3), so they are invariant
-        norms = (mv * mv).sum(-1).clamp_min(1e-12).sqrt()
-        features = self.norm(torch.cat((scalars, norms), -1).mean(1))
-        logits = self.head(features)
-        return logits, _cross_entropy(logits, y)
+        mv, scalars = self.model(*self.inputs(center(x)))  # (B, P, C, dim), (B, P, S)
+        # blade-coefficient norms: versors act orthogonally on Cl(3), so they are invariant
+        norms = (mv * mv).sum(-1).clamp_min(1e-12).sqrt()  # (B, P, C)
+        vectors = self.algebra.vector_part(mv)  # (B, P, C, 3)
+        both = torch.cat((vectors, vectors.mean(1, keepdim=True).expand_as(vectors)), 2)  # (B, P, 2C, 3)
+        gram = (both @ both.transpose(-1, -2))[:, :, self.pairs[0], self.pairs[1]]  # (B, P, C(2C+1))
+        features = torch.cat((scalars, norms, gram), -1)
+        logits = self.head(self.norm(torch.cat((features.mean(1), features.amax(1)), -1)))
+        return logits, cross_entropy(logits, y)
 
 
 def check_points(x: Tensor) -> None:
@@ -74,7 +128,8 @@ def check_points(x: Tensor) -> None:
         raise ValueError(f"x has shape {tuple(x.shape)}, expected (B, P, 3) points")
 
 
-def _cross_entropy(logits: Tensor, y: Tensor | None) -> Tensor | None:
+def cross_entropy(logits: Tensor, y: Tensor | None) -> Tensor | None:
+    """Mean cross-entropy of ``logits`` ``(B, K)`` against labels ``y`` ``(B,)``; None without labels."""
     if y is None:
         return None
     if y.shape != logits.shape[:1]:
