@@ -58,9 +58,10 @@ def results_page_links(report_names: Iterable[str]) -> dict[str, str]:
 
 
 def rewrite_links(markdown: str, targets: dict[str, str]) -> str:
-    """Replace link targets ``](old)`` by ``](new)`` for each ``old -> new`` of ``targets``."""
+    """Replace link targets ``](old)`` by ``](new)`` (and ``](old#anchor)`` by ``](new#anchor)``) for
+    each ``old -> new`` of ``targets``."""
     for old, new in targets.items():
-        markdown = markdown.replace(f"]({old})", f"]({new})")
+        markdown = markdown.replace(f"]({old})", f"]({new})").replace(f"]({old}#", f"]({new}#")
     return markdown
 
 

@@ -175,3 +175,8 @@ def test_readmes_result_links_resolve_on_the_results_page():
     for target in targets:
         if target.startswith("experiments/"):
             assert target.removeprefix("experiments/") in reports, target
+
+
+def test_rewrite_links_keeps_anchors():
+    out = sb.rewrite_links("see [a](docs/tasks.md#series) and [b](docs/tasks.md)", {"docs/tasks.md": "tasks.md"})
+    assert out == "see [a](tasks.md#series) and [b](tasks.md)"
