@@ -178,5 +178,6 @@ def test_readmes_result_links_resolve_on_the_results_page():
 
 
 def test_rewrite_links_keeps_anchors():
-    out = sb.rewrite_links("see [a](docs/tasks.md#series) and [b](docs/tasks.md)", {"docs/tasks.md": "tasks.md"})
+    text = "see [a](docs/tasks.md#series) and [b](docs/tasks.md)"
+    out = sb.rewrite_links(text, {"docs/tasks.md": "tasks.md"})
     assert out == "see [a](tasks.md#series) and [b](tasks.md)"
