@@ -54,3 +54,16 @@ def random_o3_versor(ga, n_vectors: int, dtype: torch.dtype, seed: int) -> torch
         vec = ga.vector(coords)
         versor = vec if versor is None else ga.geometric_product(versor, vec)
     return versor
+
+
+def fit_one_batch(model, x, y, steps: int, lr: float = 1e-2) -> list[float]:
+    """AdamW steps on one fixed batch ``(x, y)`` of a task model; the loss before each step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        _, loss = model(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import fit_one_batch
 
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes
@@ -186,13 +187,6 @@ def test_peers_fit_a_batch(name):
     task = _task(train_rotation="so3")
     torch.manual_seed(0)
     model = task.build_model(name, SIZES, OPTIONS[name])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     x, y = task.get_batch("train", 32, torch.Generator().manual_seed(0))
-    losses = []
-    for _ in range(30):
-        _, loss = model(x, y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = fit_one_batch(model, x, y, 30)
     assert losses[-1] < 0.5 * losses[0], losses

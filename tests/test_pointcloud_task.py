@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import fit_one_batch
 
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes
@@ -72,13 +73,6 @@ def test_rotor_fits_a_batch():
     task = PointCloudTask(PointCloudConfig(**SMALL, train_rotation="so3"))
     torch.manual_seed(0)
     model = task._build("rotor", ModelSizes(n_layer=1, n_head=2, n_embd=32), {})
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     x, y = task.get_batch("train", 32, torch.Generator().manual_seed(0))
-    losses = []
-    for _ in range(40):
-        _, loss = model(x, y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = fit_one_batch(model, x, y, 40)
     assert losses[-1] < 0.6 * losses[0], losses
