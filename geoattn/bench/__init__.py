@@ -7,4 +7,5 @@ BENCHMARKS = {
     "lm": "geoattn.bench.lm",
     "molecule": "geoattn.bench.molecule",
     "train": "geoattn.bench.train",
+    "step": "geoattn.bench.step",
 }
