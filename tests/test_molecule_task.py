@@ -250,3 +250,19 @@ def test_the_md_runs_on_one_openmp_thread_and_restores_the_count():
     with one_openmp_thread():
         assert gomp.omp_get_max_threads() == 1
     assert gomp.omp_get_max_threads() == 2
+
+
+def test_mean_predictor_baseline_is_the_training_mean_and_zero_forces(water):
+    _, y = water.split("test", torch.float64)
+    mean = float(water.trajectory.energies[water.indices["train"]].mean())
+    expected_energy = (y[:, 0, 0] - mean).abs().mean() * 1000
+    expected_forces = y[..., 1:].abs().mean() * 1000
+    baseline = water.baselines("test")
+    assert baseline["energy_mae_mev"] == pytest.approx(float(expected_energy), rel=1e-9)
+    assert baseline["force_mae_mev"] == pytest.approx(float(expected_forces), rel=1e-9)
+    assert baseline["force_mae_mev"] > 0  # water's forces are not all zero, so the check can fail
+    final = water.final_metrics(_model(water), torch.device("cpu"))
+    assert final["test_baseline_energy_mae_mev"] == baseline["energy_mae_mev"]
+    assert {"val_energy_mae_mev", "val_baseline_force_mae_mev", "test_force_mae_mev"} <= final.keys()
+    with pytest.raises(ValueError, match="split 'nope'"):
+        water.baselines("nope")

@@ -216,12 +216,29 @@ class MoleculeTask(Task):
         }
 
     def final_metrics(self, model: TaskModel, device: torch.device) -> dict[str, float]:
-        """Energy and force MAE on the whole val and test splits."""
+        """Energy and force MAE on the whole val and test splits, each beside the mean predictor's
+        (``{split}_baseline_energy_mae_mev``, ``{split}_baseline_force_mae_mev``: see `baselines`)."""
         out = {}
         for split in ("val", "test"):
             for key, value in self.evaluate_split(model, split).items():
                 out[f"{split}_{key}"] = value
+            for key, value in self.baselines(split).items():
+                out[f"{split}_baseline_{key}"] = value
         return out
+
+    def baselines(self, split: str = "val") -> dict[str, float]:
+        """The errors of the mean predictor on ``split``: every frame's energy the training split's
+        mean and every force zero (``energy_mae_mev``, ``force_mae_mev``). For one molecule this is
+        also what per-element reference energies fitted on the training energies predict (every frame
+        has the same atoms, so a least-squares fit of ``E ≈ Σ_atoms e_Z`` is the mean): a model's
+        energy MAE means something only well below it."""
+        if split not in SPLITS:
+            raise ValueError(f"split {split!r}: expected one of {', '.join(SPLITS)}")
+        _, y = self.split(split, torch.float64)
+        mean_energy, _ = self.energy_statistics()
+        prediction = torch.zeros_like(y)
+        prediction[..., 0] = mean_energy
+        return mae_metrics(prediction, y)
 
     def evaluate_split(self, model: TaskModel, split: str, *, batch_size: int = 100) -> dict[str, float]:
         """``energy_mae_mev``, ``force_mae_mev`` over every frame of ``split`` (model in eval mode)."""
