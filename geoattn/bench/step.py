@@ -42,6 +42,7 @@ from geoattn.training.trainer import make_optimizer, run_model, run_task
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's flags: the task, its models, and the width, batch and repeats of the timing."""
     parser.add_argument("--task", default="nbody", help="the task whose models and batches are timed")
     parser.add_argument(
         "--models", nargs="+", help="models, the first the reference of the ratios (default: the task's all)"
@@ -105,6 +106,8 @@ def training_step(args: argparse.Namespace, model_name: str) -> tuple[Callable[[
 
 
 def run(args: argparse.Namespace) -> int:
+    """Time one training step of each model and print medians and ratios to the first; a
+    `ConfigError` (one line, exit 2) on bad flags."""
     if args.batch < 1 or args.repeats < 1 or args.warmup < 0:
         raise ConfigError("--batch and --repeats must be positive, --warmup non-negative")
     if args.threads is not None:
