@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import re
 import subprocess
@@ -39,6 +40,12 @@ from geoattn.tasks.molecule.data import require
 from geoattn.tasks.molecule.task import MoleculeTask, mae_metrics
 
 RUNNERS = ("mace", "schnet")  # the models this file trains: run_mace, run_schnet
+# the published recipes' learning rates, used unless the arguments carry ``lr`` (the experiments' grids)
+RECIPE_LR = {"mace": 1e-2, "schnet": 1e-3}
+
+
+def _lr(args: argparse.Namespace, model: str) -> float:
+    return getattr(args, "lr", None) or RECIPE_LR[model]
 
 
 def _split_metrics(task: MoleculeTask, predict) -> dict[str, float]:
@@ -82,7 +89,7 @@ def run_mace(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: in
         f"--valid_file={files['val']}", "--energy_key=REF_energy", "--forces_key=REF_forces",
         "--E0s=average", "--model=MACE", f"--hidden_irreps={c}x0e + {c}x1o", "--max_L=1",
         "--r_max=5.0", "--num_interactions=2", "--correlation=3", "--batch_size=5",
-        "--valid_batch_size=50", f"--max_num_epochs={epochs}", "--lr=0.01", "--energy_weight=1",
+        "--valid_batch_size=50", f"--max_num_epochs={epochs}", f"--lr={_lr(args, 'mace')}", "--energy_weight=1",
         "--forces_weight=1000", "--ema", "--ema_decay=0.99", "--amsgrad", "--device=cpu",
         "--default_dtype=float32", f"--seed={args.seed}", f"--eval_interval={max(1, epochs - 1)}",
         "--error_table=TotalMAE", "--plot=False", "--save_cpu",
@@ -254,7 +261,7 @@ def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: 
         model=model,
         outputs=outputs,
         optimizer_cls=torch.optim.AdamW,
-        optimizer_args={"lr": 1e-3, "weight_decay": 0.0},
+        optimizer_args={"lr": _lr(args, "schnet"), "weight_decay": 0.0},
         # SchNetPack's own ReduceLROnPlateau passes `verbose`, which torch 2.13 no longer takes; its MD17
         # settings (smoothing 0) make it torch's scheduler
         scheduler_cls=torch.optim.lr_scheduler.ReduceLROnPlateau,
@@ -297,3 +304,61 @@ def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: 
         "epochs": epochs,
         **{f"{s}_{k}": v for s, metrics in predictions.items() for k, v in metrics.items()},
     }
+
+
+# ------------------------------------------------------------------------------------------ cli ----
+def main(argv: list[str] | None = None) -> int:
+    """One peer training as an experiment's peer cell: ``--model`` on ``--data`` with the task's split,
+    writing ``OUT/metrics.json`` (params, wall_s, epochs, lr and the MAEs on the full val and test
+    splits, the mean predictor's beside them)::
+
+        python benchmarks/molecule_peers.py --model mace --data aspirin.npz --out OUT --epochs 5
+    """
+    parser = argparse.ArgumentParser(prog="molecule_peers", description=main.__doc__.split("::")[0])
+    parser.add_argument("--model", required=True, choices=RUNNERS)
+    parser.add_argument("--data", required=True, help="a molecule .npz (geoattn data make molecule)")
+    parser.add_argument("--out", required=True, help="directory for metrics.json and the peer's files")
+    parser.add_argument("--epochs", type=int, required=True, help="passes over the training set")
+    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the recipe's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--n-train", type=int, default=1000)
+    parser.add_argument("--n-val", type=int, default=1000)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--mace-channels", type=int, default=32, help="MACE channels (paper: 256)")
+    parser.add_argument("--schnet-width", type=int, default=64, help="SchNet n_atom_basis (published: 128)")
+    parser.add_argument("--schnet-interactions", type=int, default=3, help="SchNet interactions (published: 6)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing metrics.json")
+    args = parser.parse_args(argv)
+    out, data = Path(args.out), Path(args.data)
+    if not data.is_file():
+        print(f"molecule_peers: {data} does not exist (geoattn data make molecule)", file=sys.stderr)
+        return 2
+    if (out / "metrics.json").exists() and not args.force:
+        print(f"molecule_peers: {out / 'metrics.json'} exists (--force overwrites)", file=sys.stderr)
+        return 2
+    if args.epochs < 1:
+        print(f"molecule_peers: --epochs must be ≥ 1, got {args.epochs}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    from geoattn.tasks.molecule.task import MoleculeConfig
+
+    try:
+        task = MoleculeTask(MoleculeConfig(data=str(data), n_train=args.n_train, n_val=args.n_val))
+        runner = run_mace if args.model == "mace" else run_schnet
+        result = runner(task, out / args.model, args, args.epochs)
+    except ConfigError as err:
+        print(f"molecule_peers: {err}", file=sys.stderr)
+        return 2
+    baselines = {
+        f"{split}_baseline_{k}": v for split in ("val", "test") for k, v in task.baselines(split).items()
+    }
+    metrics = {**result, "lr": _lr(args, args.model), "seed": args.seed, **baselines}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    print(json.dumps(metrics))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
