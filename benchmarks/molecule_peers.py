@@ -89,8 +89,8 @@ def run_mace(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: in
         f"--valid_file={files['val']}", "--energy_key=REF_energy", "--forces_key=REF_forces",
         "--E0s=average", "--model=MACE", f"--hidden_irreps={c}x0e + {c}x1o", "--max_L=1",
         "--r_max=5.0", "--num_interactions=2", "--correlation=3", "--batch_size=5",
-        "--valid_batch_size=50", f"--max_num_epochs={epochs}", f"--lr={_lr(args, 'mace')}", "--energy_weight=1",
-        "--forces_weight=1000", "--ema", "--ema_decay=0.99", "--amsgrad", "--device=cpu",
+        "--valid_batch_size=50", f"--max_num_epochs={epochs}", f"--lr={_lr(args, 'mace')}",
+        "--energy_weight=1", "--forces_weight=1000", "--ema", "--ema_decay=0.99", "--amsgrad", "--device=cpu",
         "--default_dtype=float32", f"--seed={args.seed}", f"--eval_interval={max(1, epochs - 1)}",
         "--error_table=TotalMAE", "--plot=False", "--save_cpu",
     ]  # fmt: skip
@@ -326,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--mace-channels", type=int, default=32, help="MACE channels (paper: 256)")
     parser.add_argument("--schnet-width", type=int, default=64, help="SchNet n_atom_basis (published: 128)")
-    parser.add_argument("--schnet-interactions", type=int, default=3, help="SchNet interactions (published: 6)")
+    parser.add_argument(
+        "--schnet-interactions", type=int, default=3, help="SchNet interactions (published: 6)"
+    )
     parser.add_argument("--force", action="store_true", help="overwrite an existing metrics.json")
     args = parser.parse_args(argv)
     out, data = Path(args.out), Path(args.data)
