@@ -266,3 +266,26 @@ def test_mean_predictor_baseline_is_the_training_mean_and_zero_forces(water):
     assert {"val_energy_mae_mev", "val_baseline_force_mae_mev", "test_force_mae_mev"} <= final.keys()
     with pytest.raises(ValueError, match="split 'nope'"):
         water.baselines("nope")
+
+
+def test_peer_command_writes_metrics_with_the_grid_lr_and_the_baseline(water_file, tmp_path):
+    """`benchmarks/molecule_peers.py` as an experiment's peer cell: SchNet at the given rate writes
+    metrics.json with the MAEs and the mean predictor's beside them; a second run refuses to overwrite."""
+    runners = peers()
+    out = tmp_path / "run"
+    argv = ["--model", "schnet", "--data", str(water_file), "--out", str(out), "--epochs", "1"]
+    argv += ["--lr", "3e-3", "--n-train", "6", "--n-val", "3", "--schnet-width", "16"]
+    assert runners.main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["lr"] == 3e-3 and metrics["epochs"] == 1
+    for key in ("val_force_mae_mev", "test_energy_mae_mev", "val_baseline_energy_mae_mev"):
+        assert np.isfinite(metrics[key]) and metrics[key] > 0, key
+    assert runners.main(argv) == 2  # metrics.json exists: nothing overwritten
+
+
+def test_peer_command_missing_data_is_one_line(tmp_path, capsys):
+    runners = peers()
+    argv = ["--model", "mace", "--data", str(tmp_path / "none.npz"), "--out", str(tmp_path), "--epochs", "1"]
+    assert runners.main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "none.npz" in err
