@@ -35,7 +35,9 @@ def test_eager_paths_equal_the_pair_formula(layout, dtype):
     grad = torch.randn_like(want)
     tol = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {"atol": 0, "rtol": 1e-6}
     torch.testing.assert_close(got, want, **tol)
-    torch.testing.assert_close(torch.autograd.grad(got, x, grad)[0], torch.autograd.grad(want, x, grad)[0], **tol)
+    torch.testing.assert_close(
+        torch.autograd.grad(got, x, grad)[0], torch.autograd.grad(want, x, grad)[0], **tol
+    )
 
 
 def test_compiled_form_equals_the_eager_one():
