@@ -79,8 +79,8 @@ class LMTask(Task):
     name: ClassVar[str] = "lm"
     models: ClassVar[dict[str, str]] = {**LM_MODELS, "rotor": ROTOR_LM_DESCRIPTION}
     Settings: ClassVar[type] = LMSettings
-    # the learning rates chosen on the selection split by experiments/lm-lr-select.toml (the same grid
-    # 5e-4 … 8e-3 for every model, one seed; results/lm-lr-select.md); ALiBi (a transformer option)
+    # the learning rates chosen on the selection split by experiments/lm-lr.toml (the same grid
+    # 5e-4 … 8e-3 for every model, one seed; results/lm-lr.md); ALiBi (a transformer option)
     # chose the transformer's 1e-3; rt and nGPT chose the grid's top rate
     recipes: ClassVar[dict[str, dict[str, Any]]] = {
         "transformer": {"lr": 1e-3},
