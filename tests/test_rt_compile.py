@@ -168,7 +168,7 @@ def test_custom_operators_agree_with_their_fake_implementations(causal):
 
 
 def test_the_default_compiles_only_winning_models_in_long_runs():
-    """``--compile`` unset: on for the lm task's transformer, rt and ngpt from COMPILE_MIN_ITERS steps
+    """``--compile`` unset: on for the lm task's rt and ngpt from COMPILE_MIN_ITERS steps
     (where the compilation is won back), off for short runs and other models; an explicit value wins."""
     from geoattn.tasks.filter import FilterTask
     from geoattn.tasks.lm import LMTask
@@ -180,6 +180,7 @@ def test_the_default_compiles_only_winning_models_in_long_runs():
     assert Trainer.compiled(TrainConfig(task="lm", model="rt", max_iters=long), lm)
     assert not Trainer.compiled(TrainConfig(task="lm", model="rt", max_iters=short), lm)
     assert not Trainer.compiled(TrainConfig(task="lm", model="rotor", max_iters=long), lm)
+    assert not Trainer.compiled(TrainConfig(task="lm", model="transformer", max_iters=long), lm)
     assert not Trainer.compiled(TrainConfig(task="filter", model="rt", max_iters=long), filt)
     assert not Trainer.compiled(TrainConfig(task="lm", model="rt", max_iters=long, compile=False), lm)
     assert Trainer.compiled(TrainConfig(task="lm", model="rotor", max_iters=10, compile=True), lm)

@@ -115,7 +115,7 @@ class TrainConfig:
         None,
         "torch.compile the model for training (exact: same maths, fused kernels); default: on in runs "
         f"of ≥ {COMPILE_MIN_ITERS} steps for the models whose compiled step measured faster "
-        "(lm: transformer, rt, ngpt), else off",
+        "(lm: rt, ngpt), else off",
     )
 
     def __post_init__(self) -> None:
