@@ -230,3 +230,99 @@ def test_a_nanogpt_run_without_an_evaluation_is_one_line_naming_its_log(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no 'step N: train loss X, val loss Y' line" in err[0]
     assert str(out / "nanogpt_0.log") in err[0]
+
+
+# GATr's runner as far as the bench reads it: a "venv interpreter" that records its arguments and
+# writes the runner's metrics.json into --out (the real runner is benchmarks/gatr_nbody.py)
+FAKE_GATR_PYTHON = """
+    import json, pathlib, sys
+    args = sys.argv[2:]  # after the runner's path
+    out = pathlib.Path(args[args.index("--out") + 1])
+    out.mkdir(parents=True)
+    (out / "seen.json").write_text(json.dumps({"runner": sys.argv[1], "args": args}))
+    (out / "metrics.json").write_text(json.dumps({"wall_s": 30.0, "s_per_step": 0.5, "val_mse_full": 6e-4}))
+"""
+
+
+def _fake_gatr(root: Path) -> tuple[Path, Path, Path]:
+    """A GATr checkout, its venv's interpreter (:data:`FAKE_GATR_PYTHON`) and a directory of GATr's
+    five sets (empty files: the fake runner reads none)."""
+    import sys
+
+    (root / "gatr" / "gatr" / "experiments" / "nbody").mkdir(parents=True)
+    (root / "gatr" / "config").mkdir()
+    (root / "gatr" / "config" / "nbody.yaml").write_text("exp_name: nbody\n")
+    (root / "fake_runner.py").write_text(textwrap.dedent(FAKE_GATR_PYTHON))
+    python = root / "gatr-venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {root / "fake_runner.py"} "$@"\n')
+    python.chmod(0o755)
+    data = root / "nbody-gatr"
+    data.mkdir()
+    for name in ("train", "val", "eval", "e3_generalization", "object_generalization"):
+        (data / f"{name}.npz").write_bytes(b"")
+    return root / "gatr", python, data
+
+
+def test_gatr_runs_in_turn_on_the_same_files_with_the_same_budget_and_threads(tmp_path, monkeypatch, capsys):
+    """``--peer gatr``: GATr's runner gets our steps, batch, seed, files and threads, the training set
+    size both sides use (1,000 unless given), in turn with our runs; its trainer wall and val MSE go
+    into the table beside ours."""
+    import torch
+
+    repo, python, data = _fake_gatr(tmp_path)
+    calls, argvs = tmp_path / "calls.txt", []
+    monkeypatch.setenv("BENCH_CALLS", str(calls))
+    monkeypatch.setattr(bench_train, "_train", _fake_ours(calls, argvs))
+    out = tmp_path / "bench"
+    argv = ["bench", "train", "--task", "nbody", "--peer", "gatr", "--gatr", str(repo), "--gatr-python"]
+    argv += [str(python), "--models", "rotor", "--repeats", "2", "--out", str(out), "--"]
+    argv += ["--data", str(data), "--max-iters", "5", "--batch-size=8", "--lr", "2e-3", "--compile", "false"]
+    assert main(argv) == 0
+
+    assert calls.read_text().split() == ["rotor_0", "rotor_1"]  # ours; GATr's runs write their own dirs
+    assert all(argv[argv.index("--set") + 1] == "task.train_size=1000" for argv in argvs)
+    seen = json.loads((out / "gatr_1" / "seen.json").read_text())
+    assert seen["runner"].endswith("benchmarks/gatr_nbody.py")
+    args = seen["args"]
+    pairs = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    assert pairs["--steps"] == "5" and pairs["--batch-size"] == "8" and pairs["--train-size"] == "1000"
+    assert pairs["--data"] == str(data.resolve()) and pairs["--gatr"] == str(repo)
+    assert pairs["--threads"] == str(torch.get_num_threads()) and pairs["--lr"] == "0.001"  # its chosen rate
+    assert (out / "gatr_0" / "metrics.json").is_file()
+
+    printed = capsys.readouterr().out
+    _, rows = _title_and_rows(printed)
+    row = rows["GATr (its own code)"]
+    assert row[3] == "30.0 / 30.0 / 30.0" and float(row[4]) == 15.0  # its trainer wall, × ours (2.0 s)
+    assert row[5] == "n/a" and float(row[6]) == 500.0 and row[7] == "6.000e-04 6.000e-04"
+    assert "GATr: " in printed and "experiments/nbody-lr.toml" in printed
+
+
+def test_gatr_peer_input_errors_are_one_line_and_write_nothing(tmp_path, monkeypatch, capsys):
+    repo, python, data = _fake_gatr(tmp_path)
+    out = tmp_path / "b"
+    base = ["bench", "train", "--task", "nbody", "--peer", "gatr", "--out", str(out)]
+    cases = [
+        (["--gatr", str(tmp_path / "nowhere"), "--", "--data", str(data)], "no GATr checkout at"),
+        (
+            ["--gatr", str(repo), "--gatr-python", str(tmp_path / "py"), "--", "--data", str(data)],
+            "no GATr venv",
+        ),
+        (["--gatr", str(repo), "--gatr-python", str(python)], "pass -- --data DIR"),
+        (
+            ["--gatr", str(repo), "--gatr-python", str(python), "--", "--data", str(tmp_path)],
+            "has no train.npz",
+        ),
+        (
+            ["--gatr", str(repo), "--gatr-python", str(python), "--", "--data", str(data), "--n-embd", "64"],
+            "--n-embd would change ours only",
+        ),
+    ]
+    for extra, message in cases:
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (extra, err)
+    assert main(["bench", "train", "--peer", "gatr", "--gatr", str(repo), "--out", str(out)]) == 2
+    assert "not --task lm" in capsys.readouterr().err
+    assert not out.exists()

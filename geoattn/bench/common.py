@@ -11,9 +11,11 @@ import os
 import platform
 import re
 import statistics
+import subprocess
 import time
 import tracemalloc
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -225,6 +227,32 @@ def _cpu_peak_rss_growth(fn: Callable[[], object]) -> int:
         done.set()
         thread.join()
     return max(peak, _rss_bytes()) - base
+
+
+def flag_names(argv: list[str]) -> list[str]:
+    """The flags in ``argv`` (``--flag value`` or ``--flag=value``), in order."""
+    return [arg.split("=", 1)[0] for arg in argv if arg.startswith("--")]
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The last value given to ``flag`` in ``argv`` (``--flag value`` or ``--flag=value``), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def git_revision(repo: Path) -> str:
+    """A peer checkout's short commit, or ``""`` when it is not a git checkout."""
+    if not (repo / ".git").exists():
+        return ""
+    done = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def ms(seconds: float | None) -> str:

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from geoattn.bench.common import flag_names
 from geoattn.errors import ConfigError, DataError
 
 DATASET = "shakespeare_char"
@@ -55,11 +56,6 @@ def checkout(path: Path) -> Path:
             f"git clone https://github.com/karpathy/nanoGPT {path}, or pass --nanogpt DIR"
         )
     return path
-
-
-def flag_names(argv: list[str]) -> list[str]:
-    """The flags in ``argv`` (``--flag value`` or ``--flag=value``), in order."""
-    return [arg.split("=", 1)[0] for arg in argv if arg.startswith("--")]
 
 
 def refuse_unmapped(argv: list[str]) -> None:
@@ -123,13 +119,3 @@ def parse_log(text: str) -> dict[str, float]:
         "metric_step": int(step),
         "step": statistics.median(times) if times else float("nan"),
     }
-
-
-def revision(repo: Path) -> str:
-    """The checkout's short commit, or ``""`` when it is not a git checkout."""
-    if not (repo / ".git").exists():
-        return ""
-    done = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return done.stdout.strip() if done.returncode == 0 else ""

@@ -21,6 +21,12 @@ same way, its row in the same table. Its data comes from its own ``prepare.py``,
 
     git clone https://github.com/karpathy/nanoGPT ../peers/nanogpt
     geoattn bench train --peer nanogpt --models transformer --repeats 3
+
+``--peer gatr`` (task nbody) runs GATr's own n-body experiment the same way, on the GATr-format files
+both sides read (``--data`` after ``--``), with the threads our runs take, at the rate GATr's validation
+chose; its row gives its trainer wall too (:mod:`geoattn.bench.gatr`)::
+
+    geoattn bench train --task nbody --peer gatr --models rotor --repeats 2 -- --data data/nbody-gatr
 """
 
 from __future__ import annotations
@@ -33,21 +39,40 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from geoattn.bench import nanogpt
+import torch
+
+from geoattn.bench import gatr, nanogpt
+from geoattn.bench.common import flag_value, git_revision
 from geoattn.errors import ConfigError, DataError
 from geoattn.formatting import format_table
 
 CACHES = ("warm", "cold")
-PEERS = ("nanogpt",)
-PEER_ROW = "nanoGPT train.py"
+PEERS = ("nanogpt", "gatr")
 USAGE = (
     "--peer nanogpt also times nanoGPT's own train.py on the same recipe and corpus, each whole process "
     "as a user waits for it: git clone https://github.com/karpathy/nanoGPT ../peers/nanogpt, then "
     "geoattn bench train --peer nanogpt --models transformer --repeats 3 (add -- --max-iters N for "
-    "shorter runs on both sides)."
+    "shorter runs on both sides). --peer gatr does the same for GATr's own n-body code on GATr's files "
+    "(benchmarks/README.md sets up ../peers/gatr and ../peers/gatr-venv): geoattn bench train --task "
+    "nbody --peer gatr --models rotor --repeats 2 -- --data data/nbody-gatr."
 )
+
+
+@dataclass
+class Peer:
+    """A peer's runs beside ours: its table row, how one run goes (``run(run_dir)`` → ``process``, its
+    whole process's wall, and what it reports: ``step``, ``metric``, ``wall`` when it has a trainer wall,
+    ``metric_step`` when its metric is from an earlier step), the table's notes for ``--out``, and a
+    set-up step in ``--out`` before the first run."""
+
+    row: str
+    run: Callable[[Path], dict[str, float]]
+    notes: Callable[[Path], list[str]]
+    prepare: Callable[[Path], object] = lambda out: None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,13 +86,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--peer",
         choices=PEERS,
-        help="also run nanoGPT's own train.py on the same recipe and corpus (--data after --, else "
-        "$GEOATTN_CORPUS or ../shared/data/tinyshakespeare.txt), in turn (task lm); our flags after -- that "
-        f"reach it: {', '.join([*nanogpt.MAPPED, '--data'])}; ours only: {', '.join(nanogpt.OURS_ONLY)}; "
-        "others are refused",
+        help="also run a peer's own code on the same recipe and data, in turn with ours: nanoGPT's "
+        "train.py (task lm; --data after --, else $GEOATTN_CORPUS or ../shared/data/tinyshakespeare.txt; "
+        f"our flags after -- that reach it: {', '.join([*nanogpt.MAPPED, '--data'])}; ours only: "
+        f"{', '.join(nanogpt.OURS_ONLY)}) or GATr's n-body experiment (task nbody; -- --data DIR of "
+        f"GATr's files; reach it: {', '.join(gatr.MAPPED)}, --set task.train_size=N; ours only: "
+        f"{', '.join(gatr.OURS_ONLY)}); others are refused",
     )
     parser.add_argument(
         "--nanogpt", help="nanoGPT's checkout (default: $GEOATTN_PEERS/nanogpt, else ../peers/nanogpt)"
+    )
+    parser.add_argument("--gatr", help="GATr's checkout (default: $GEOATTN_PEERS/gatr, else ../peers/gatr)")
+    parser.add_argument(
+        "--gatr-python",
+        help="the interpreter of GATr's venv (default: $GEOATTN_PEERS/gatr-venv/bin/python, "
+        "else ../peers/gatr-venv/bin/python)",
     )
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: `geoattn train` arguments")
 
@@ -79,19 +112,21 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         print(f"error: --repeats must be at least 1, got {args.repeats}", file=sys.stderr)
         return 2
-    peer = _peer(args, extra) if args.peer else None
-    if peer is not None and "--data" not in nanogpt.flag_names(extra):
-        extra = [*extra, "--data", str(peer["corpus"])]
+    peer = None
+    if args.peer == "nanogpt":
+        peer, extra = _nanogpt(args, extra)
+    elif args.peer == "gatr":
+        peer, extra = _gatr(args, extra)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="geoattn-bench-train-"))
     if out.exists() and any(out.iterdir()):
         print(f"error: --out {out} is not empty (nothing there is overwritten)", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
     if peer is not None:
-        nanogpt.prepare(peer["repo"], peer["corpus"], out / "nanogpt")
+        peer.prepare(out)
     base = ["train", "--task", args.task, *extra]
     # untimed: compiles the same graphs into each model's cache (a 3-step run compiles only if told)
-    compile_flag = _flag_value(extra, "--compile")
+    compile_flag = flag_value(extra, "--compile")
     if args.cache == "warm" and compile_flag != "false":
         for model in args.models:
             prime = [*base, "--model", model, "--max-iters", "3", "--out", str(out / f"prime_{model}")]
@@ -100,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
                 return _failed(model, out / f"prime_{model}.log")
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in args.models}
     if peer is not None:
-        runs[PEER_ROW] = []
+        runs[peer.row] = []
     for r in range(args.repeats):
         for model in args.models:
             name = f"{model}_{r}"
@@ -110,57 +145,107 @@ def run(args: argparse.Namespace) -> int:
                 return _failed(model, out / f"{name}.log")
             runs[model].append({"process": process, **_measure(out / name)})
         if peer is not None:
-            runs[PEER_ROW].append(_run_peer(peer, out / f"nanogpt_{r}", out / "nanogpt"))
+            runs[peer.row].append(peer.run(out / f"{args.peer}_{r}"))
     print(_table(runs, args, extra, out, peer))
     return 0
 
 
-def _peer(args: argparse.Namespace, extra: list[str]) -> dict:
-    """The checkout, corpus and ``train.py`` arguments of ``--peer nanogpt``; a one-line UserError for
-    another task, a missing checkout or corpus, or a flag nanoGPT cannot follow."""
+def _peers_path(given: str | None, name: str) -> Path:
     from geoattn.experiments.spec import peers_dir
+
+    return Path(given or Path(peers_dir()) / name).resolve()  # the runs start elsewhere
+
+
+def _nanogpt(args: argparse.Namespace, extra: list[str]) -> tuple[Peer, list[str]]:
+    """``--peer nanogpt``: its checkout, corpus and ``train.py`` arguments, and ``extra`` with the
+    corpus both sides read; a one-line UserError for another task, a missing checkout or corpus, or a
+    flag nanoGPT cannot follow."""
     from geoattn.tasks.lm.datasets import default_corpus, resolve_data
 
     if args.task != "lm":
         raise ConfigError(f"--peer nanogpt trains the lm task's recipe, not --task {args.task}")
-    repo = nanogpt.checkout(Path(args.nanogpt or Path(peers_dir()) / "nanogpt").resolve())  # runs elsewhere
+    repo = nanogpt.checkout(_peers_path(args.nanogpt, "nanogpt"))
     nanogpt.refuse_unmapped(extra)
-    data = _flag_value(extra, "--data")
+    data = flag_value(extra, "--data")
     corpus = resolve_data(data) if data is not None else default_corpus()
     if not corpus.is_file():
         raise ConfigError(f"the corpus {corpus} is missing: pass -- --data FILE or set GEOATTN_CORPUS")
-    values = {f: _flag_value(extra, f) for f in nanogpt.MAPPED if _flag_value(extra, f) is not None}
-    return {"repo": repo, "corpus": corpus.resolve(), "args": nanogpt.recipe_args(values)}
+    corpus = corpus.resolve()
+    values = {f: flag_value(extra, f) for f in nanogpt.MAPPED if flag_value(extra, f) is not None}
+    train_args = nanogpt.recipe_args(values)
+    if data is None:
+        extra = [*extra, "--data", str(corpus)]
+
+    def run_one(run_dir: Path) -> dict[str, float]:
+        work = run_dir.parent / "nanogpt"
+        code, process, text = _peer_process(nanogpt.command(repo, train_args, run_dir), work, run_dir)
+        try:
+            if code != 0:
+                raise ValueError((text.strip().splitlines() or ["no output"])[-1])
+            return {"process": process, **nanogpt.parse_log(text)}
+        except ValueError as err:
+            raise DataError(f"the nanoGPT run failed: {err} (log: {run_dir}.log)") from None
+
+    def notes(out: Path) -> list[str]:
+        rev = git_revision(repo)
+        cmd = " ".join(nanogpt.command(repo, train_args, out / "nanogpt_R"))
+        return [
+            "final: ours the val loss on the whole val split (val_loss_full); nanoGPT's the val loss it "
+            "estimates on eval_iters batches at its last evaluation (the step shown: it evaluates every "
+            "eval_interval steps from step 0, and trains steps 0 .. max_iters).",
+            f"nanoGPT: cd {out / 'nanogpt'} && {cmd} (checkout {repo}{' at ' + rev if rev else ''}; "
+            f"its data from its prepare.py on {corpus})",
+        ]
+
+    prepare = lambda out: nanogpt.prepare(repo, corpus, out / "nanogpt")  # noqa: E731
+    return Peer("nanoGPT train.py", run_one, notes, prepare), extra
 
 
-def _run_peer(peer: dict, run_dir: Path, work: Path) -> dict[str, float]:
-    """One timed ``train.py`` process in ``work``, its output in ``<run_dir>.log``: its whole-process
-    wall and what its log says (:func:`geoattn.bench.nanogpt.parse_log`); a one-line DataError naming
-    the log if it fails."""
+def _gatr(args: argparse.Namespace, extra: list[str]) -> tuple[Peer, list[str]]:
+    """``--peer gatr``: GATr's checkout, venv and runner arguments, and ``extra`` with the training
+    set size both sides use; a one-line UserError for another task, a missing checkout, venv or data,
+    or a flag GATr cannot follow."""
+    if args.task != "nbody":
+        raise ConfigError(f"--peer gatr trains GATr's n-body experiment, not --task {args.task}")
+    repo = _peers_path(args.gatr, "gatr")
+    python = Path(args.gatr_python) if args.gatr_python else _peers_path(None, "gatr-venv") / "bin" / "python"
+    gatr.check(repo, python)
+    # the same threads as our runs, which take torch's default (the cores)
+    runner_args, extra = gatr.runner_args(extra, torch.get_num_threads())
+
+    def run_one(run_dir: Path) -> dict[str, float]:
+        cmd = gatr.command(python, repo, runner_args, run_dir)
+        code, process, text = _peer_process(cmd, Path.cwd(), run_dir)
+        try:
+            if code != 0:
+                raise ValueError((text.strip().splitlines() or ["no output"])[-1])
+            return {"process": process, **gatr.parse_metrics(run_dir)}
+        except ValueError as err:
+            raise DataError(f"the GATr run failed: {err} (log: {run_dir}.log)") from None
+
+    def notes(out: Path) -> list[str]:
+        rev = git_revision(repo)
+        cmd = " ".join(gatr.command(python, repo, runner_args, out / "gatr_R"))
+        return [
+            "final: the MSE on the whole val set, both sides (GATr's at the state its early stopping keeps); "
+            "trainer: ours the run's wall_s, GATr's its whole train() (its validation every 1,000 steps "
+            "included); step: GATr's without its validation passes.",
+            f"GATr: {cmd} (checkout {repo}{' at ' + rev if rev else ''}, lr {gatr.LR:g} as chosen in "
+            "experiments/nbody-lr.toml)",
+        ]
+
+    return Peer(gatr.ROW, run_one, notes), extra
+
+
+def _peer_process(cmd: list[str], cwd: Path, run_dir: Path) -> tuple[int, float, str]:
+    """One timed peer process in ``cwd``, its output in ``<run_dir>.log``: exit status, whole-process
+    wall in seconds, and its output."""
     log_path = Path(f"{run_dir}.log")
     with open(log_path, "w") as log:
         start = time.perf_counter()
-        cmd = nanogpt.command(peer["repo"], peer["args"], run_dir)
-        code = subprocess.run(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT).returncode
         process = time.perf_counter() - start
-    text = log_path.read_text()
-    try:
-        if code != 0:
-            raise ValueError((text.strip().splitlines() or ["no output"])[-1])
-        return {"process": process, **nanogpt.parse_log(text)}
-    except ValueError as err:
-        raise DataError(f"the nanoGPT run failed: {err} (log: {log_path})") from None
-
-
-def _flag_value(argv: list[str], flag: str) -> str | None:
-    """The last value given to ``flag`` in ``argv`` (``--flag value`` or ``--flag=value``), or None."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
+    return code, process, log_path.read_text()
 
 
 def _train(argv: list[str], cache: Path) -> tuple[int, float]:
@@ -192,14 +277,15 @@ def _measure(run_dir: Path) -> dict[str, float]:
 
 
 def _table(
-    runs: dict[str, list[dict]], args: argparse.Namespace, extra: list[str], out: Path, peer: dict | None
+    runs: dict[str, list[dict]], args: argparse.Namespace, extra: list[str], out: Path, peer: Peer | None
 ) -> str:
     ref = "transformer" if "transformer" in runs else next(iter(runs))
+    peer_row = peer.row if peer is not None else None
     rows = []
     for model, measured in runs.items():
         process = [r["process"] for r in measured]
-        trainer = [r["wall"] for r in measured] if model != PEER_ROW else []
-        finals = " ".join("n/a" if r["metric"] is None else f"{r['metric']:.4f}" for r in measured)
+        trainer = [r["wall"] for r in measured if "wall" in r]
+        finals = " ".join(_final(r["metric"]) for r in measured)
         rows.append(
             [
                 model,
@@ -208,9 +294,9 @@ def _table(
                 " ".join(f"{w / r['process']:.2f}" for w, r in zip(process, runs[ref])),
                 _spread(trainer),
                 _ratio(trainer, [r["wall"] for r in runs[ref]]),
-                "n/a" if model == PEER_ROW else f"{statistics.median(r['first'] for r in measured):.1f}",
+                "n/a" if model == peer_row else f"{statistics.median(r['first'] for r in measured):.1f}",
                 f"{1000 * statistics.median(r['step'] for r in measured):.1f}",
-                finals + (f" (step {measured[-1]['metric_step']})" if model == PEER_ROW else ""),
+                finals + (f" (step {measured[-1]['metric_step']})" if "metric_step" in measured[-1] else ""),
             ]
         )
     title = (
@@ -227,16 +313,15 @@ def _table(
         "and evaluation, without start-up and the final plots); first step: with its compile.",
     ]
     if peer is not None:
-        rev = nanogpt.revision(peer["repo"])
-        cmd = " ".join(nanogpt.command(peer["repo"], peer["args"], out / "nanogpt_R"))
-        notes += [
-            "final: ours the val loss on the whole val split (val_loss_full); nanoGPT's the val loss it "
-            "estimates on eval_iters batches at its last evaluation (the step shown: it evaluates every "
-            "eval_interval steps from step 0, and trains steps 0 .. max_iters).",
-            f"nanoGPT: cd {out / 'nanogpt'} && {cmd} (checkout {peer['repo']}{' at ' + rev if rev else ''}; "
-            f"its data from its prepare.py on {peer['corpus']})",
-        ]
+        notes += peer.notes(out)
     return title + "\n" + format_table(headers, rows) + "\n" + "\n".join(notes)
+
+
+def _final(metric: float | None) -> str:
+    """A final metric: 4 decimals for losses, 3 significant digits for small errors (MSEs)."""
+    if metric is None:
+        return "n/a"
+    return f"{metric:.4f}" if abs(metric) >= 0.01 else f"{metric:.3e}"
 
 
 def _spread(values: list[float]) -> str:
