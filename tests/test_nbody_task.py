@@ -401,6 +401,31 @@ def test_rotor_model_with_pair_messages_and_velocity_read_out_is_e3_equivariant(
 
 
 @pytest.mark.parametrize("algebra", ["cl3", "pga"])
+def test_rotor_model_with_messages_before_every_block_is_e3_equivariant(task, algebra):
+    """Messages before every block (EGNN's message passing on the current scalars) keep the model
+    E(3)-equivariant in float64; they start at zero (the model computes what it did without them) and,
+    once trained away from zero, change both the scalars and the vectors."""
+    torch.manual_seed(0)
+    options = {"n_layer": 2, "algebra": algebra, "pair_vectors": 2, "pair_hidden": 8}
+    plain = task.build_model("rotor", *sizes(**options)).double()
+    torch.manual_seed(0)
+    model = task.build_model("rotor", *sizes(**options, pair_every_block=True)).double()
+    assert len(model.block_messages) == 2
+    x = task.dataset("e3_generalization").inputs()[:32]
+    model.load_state_dict(plain.state_dict(), strict=False)
+    torch.testing.assert_close(model(x)[0], plain(x)[0])
+    for messages in model.block_messages:
+        with torch.no_grad():
+            for layer in (messages.to_scalars, messages.to_vectors):
+                layer.weight.normal_()
+    assert not torch.allclose(model(x)[0], plain(x)[0])
+    for seed in range(3):
+        assert equivariance_error(model, x, torch.Generator().manual_seed(seed), shift_std=20.0) < 1e-8
+    alone = task.build_model("rotor", *sizes(n_layer=2, pair_every_block=True)).double()  # no read-in
+    assert alone.pairs is None and alone(x)[0].shape == x[..., 1:4].shape
+
+
+@pytest.mark.parametrize("algebra", ["cl3", "pga"])
 def test_rotor_embedding_and_read_out_follow_the_algebras_versors(task, algebra):
     """embed(Q u) = V · embed(u) and displacement(V · mv) = Q displacement(mv) for O(3) versors V with
     matrix Q (read off how V moves the basis vectors), rotations and reflections."""

@@ -67,11 +67,15 @@ class NBodyRotorConfig(RotorTransformerConfig):
         pair_hidden: width of that layer's pair features (added to the transformer's scalar inputs).
         velocity_output: add ``φ_i v_i`` to the predicted position, ``φ_i`` an invariant output scalar of
             the transformer (EGNN's ``egnn_vel`` read-out: most of a body's motion is its velocity).
+        pair_every_block: a message layer over the pairs before every block as well
+            (:class:`BlockMessages`, EGNN's message passing: from the bodies' current invariant scalars,
+            where the read-in sees only their masses or charges).
     """
 
     pair_vectors: int = 0
     pair_hidden: int = 64
     velocity_output: bool = False
+    pair_every_block: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -119,18 +123,63 @@ class PairMessages(nn.Module):
 
     def forward(self, s: Tensor, x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         n = x.shape[1]
-        dx = x[:, :, None] - x[:, None, :]  # (B, n, n, 3)
-        dv = v[:, :, None] - v[:, None, :]
+        dx, dv, invariants = pair_invariants(x, v)
         si, sj = s[:, :, None].expand(-1, -1, n, -1), s[:, None].expand(-1, n, -1, -1)
-        invariants = torch.stack(((dx * dx).sum(-1), (dx * dv).sum(-1), (dv * dv).sum(-1)), -1)
         e = self.edge(torch.cat((si, sj, si * sj, invariants), -1))
-        mean = (~torch.eye(n, dtype=torch.bool, device=x.device))[None, :, :, None].to(e.dtype) / (n - 1)
+        mean = mean_over_others(n, e)
         w = self.weights(e) * mean  # (B, n, n, 2K), weights of a mean over j ≠ i
         K = self.vectors
         along_x = torch.einsum("bijk,bijx->bikx", w[..., :K], dx)
         along_v = torch.einsum("bijk,bijx->bikx", w[..., K:], dv)
         vectors = torch.cat((along_x, along_v), dim=2)
         return (e * mean).sum(2), vectors
+
+
+def pair_invariants(x: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Relative positions and velocities ``x_ij = x_i − x_j``, ``v_ij`` ``(B, n, n, 3)`` and their
+    invariants ``|x_ij|², x_ij · v_ij, |v_ij|²`` ``(B, n, n, 3)``, of ``x`` and ``v`` ``(B, n, 3)``."""
+    dx = x[:, :, None] - x[:, None, :]
+    dv = v[:, :, None] - v[:, None, :]
+    return dx, dv, torch.stack(((dx * dx).sum(-1), (dx * dv).sum(-1), (dv * dv).sum(-1)), -1)
+
+
+def mean_over_others(n: int, like: Tensor) -> Tensor:
+    """``(1, n, n, 1)`` weights of a mean over j ≠ i."""
+    return (~torch.eye(n, dtype=torch.bool, device=like.device))[None, :, :, None].to(like.dtype) / (n - 1)
+
+
+class BlockMessages(nn.Module):
+    """A message layer over every pair of bodies before a rotor block: EGNN's message passing on the
+    bodies' current invariant scalars ``s`` ``(B, n, S)`` and their fixed relative geometry:
+
+        e_ij = MLP(A s_i + B s_j, |x_ij|², x_ij · v_ij, |v_ij|²)               (B, n, n, P)
+        s_i ← s_i + W_s mean_j e_ij
+        ⟨x_ic⟩₁ ← ⟨x_ic⟩₁ + embed(mean_j φ(e_ij)_c x_ij)                        each channel c
+
+    Invariant weights on relative positions: E(3)-equivariant. The updates start at zero, so the
+    block first computes what it computed without them. forward(x ``(B, n, C, dim)``, s, positions,
+    velocities ``(B, n, 3)``, embed: vectors → multivectors) → (x, s).
+    """
+
+    def __init__(self, scalars: int, channels: int, hidden: int):
+        super().__init__()
+        self.node = nn.Linear(scalars, 2 * hidden)  # A s_i and B s_j in one GEMM per body, not per pair
+        self.edge = nn.Sequential(nn.SiLU(), nn.Linear(hidden + 3, hidden), nn.SiLU())
+        self.invariants = nn.Linear(3, hidden, bias=False)
+        self.to_scalars = nn.Linear(hidden, scalars)
+        self.to_vectors = nn.Linear(hidden, channels)
+        for layer in (self.to_scalars, self.to_vectors):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x: Tensor, s: Tensor, dx: Tensor, invariants: Tensor, embed) -> tuple[Tensor, Tensor]:
+        a, b = self.node(s).chunk(2, -1)
+        h = a[:, :, None] + b[:, None, :] + self.invariants(invariants)  # (B, n, n, P)
+        e = self.edge(torch.cat((h, invariants), -1))
+        mean = mean_over_others(s.shape[1], e)
+        s = s + self.to_scalars((e * mean).sum(2))
+        w = self.to_vectors(e) * mean  # (B, n, n, C)
+        return x + embed(torch.einsum("bijc,bijx->bicx", w, dx)), s
 
 
 class NBodyRotor(TaskModel):
@@ -178,6 +227,13 @@ class NBodyRotor(TaskModel):
             else None
         )
         self.model = RotorTransformer(config.transformer_config())
+        self.block_messages = (
+            nn.ModuleList(
+                BlockMessages(config.scalars, config.channels, config.pair_hidden) for _ in self.model.blocks
+            )
+            if config.pair_every_block
+            else None
+        )
         self.algebra = ga = self.model.algebra
         if ga.r > 1:
             raise ValueError(f"NBodyRotor supports Cl(3) and PGA Cl(3,0,1), got {ga!r}")
@@ -209,11 +265,26 @@ class NBodyRotor(TaskModel):
             pair_scalars, pair_vectors = self.pairs(m, position, velocity)
             vectors = torch.cat((vectors, pair_vectors), dim=2)
             scalars = torch.cat((m, pair_scalars), dim=-1)
-        mv, s = self.model(self.embed(vectors), scalars)
+        if self.block_messages is None:
+            mv, s = self.model(self.embed(vectors), scalars)
+        else:
+            mv, s = self._with_block_messages(self.embed(vectors), scalars, position, velocity)
         prediction = position + self.displacement(mv[:, :, 0])
         if self.config.velocity_output:
             prediction = prediction + s[..., :1] * velocity
         return prediction, _mse(prediction, y)
+
+    def _with_block_messages(
+        self, mv: Tensor, scalars: Tensor, position: Tensor, velocity: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The rotor transformer's forward with :class:`BlockMessages` before each block."""
+        model = self.model
+        dx, _, invariants = pair_invariants(position, velocity)
+        x, s = model.embed(mv, scalars)
+        for messages, block in zip(self.block_messages, model.blocks):
+            x, s = messages(x, s, dx, invariants, self.embed)
+            x, s = block(x, s, None)
+        return model.head(x, s)
 
 
 def _check_inputs(x: Tensor) -> None:
