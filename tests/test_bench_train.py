@@ -288,7 +288,7 @@ def test_gatr_runs_in_turn_on_the_same_files_with_the_same_budget_and_threads(tm
     pairs = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
     assert pairs["--steps"] == "5" and pairs["--batch-size"] == "8" and pairs["--train-size"] == "1000"
     assert pairs["--data"] == str(data.resolve()) and pairs["--gatr"] == str(repo)
-    assert pairs["--threads"] == str(torch.get_num_threads()) and pairs["--lr"] == "0.001"  # its chosen rate
+    assert pairs["--threads"] == str(torch.get_num_threads()) and pairs["--lr"] == "0.002"  # its chosen rate
     assert (out / "gatr_0" / "metrics.json").is_file()
 
     printed = capsys.readouterr().out

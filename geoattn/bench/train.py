@@ -177,14 +177,8 @@ def _nanogpt(args: argparse.Namespace, extra: list[str]) -> tuple[Peer, list[str
         extra = [*extra, "--data", str(corpus)]
 
     def run_one(run_dir: Path) -> dict[str, float]:
-        work = run_dir.parent / "nanogpt"
-        code, process, text = _peer_process(nanogpt.command(repo, train_args, run_dir), work, run_dir)
-        try:
-            if code != 0:
-                raise ValueError((text.strip().splitlines() or ["no output"])[-1])
-            return {"process": process, **nanogpt.parse_log(text)}
-        except ValueError as err:
-            raise DataError(f"the nanoGPT run failed: {err} (log: {run_dir}.log)") from None
+        cmd = nanogpt.command(repo, train_args, run_dir)
+        return _peer_process("nanoGPT", cmd, run_dir.parent / "nanogpt", run_dir, nanogpt.parse_log)
 
     def notes(out: Path) -> list[str]:
         rev = git_revision(repo)
@@ -215,13 +209,7 @@ def _gatr(args: argparse.Namespace, extra: list[str]) -> tuple[Peer, list[str]]:
 
     def run_one(run_dir: Path) -> dict[str, float]:
         cmd = gatr.command(python, repo, runner_args, run_dir)
-        code, process, text = _peer_process(cmd, Path.cwd(), run_dir)
-        try:
-            if code != 0:
-                raise ValueError((text.strip().splitlines() or ["no output"])[-1])
-            return {"process": process, **gatr.parse_metrics(run_dir)}
-        except ValueError as err:
-            raise DataError(f"the GATr run failed: {err} (log: {run_dir}.log)") from None
+        return _peer_process("GATr", cmd, Path.cwd(), run_dir, lambda text: gatr.parse_metrics(run_dir))
 
     def notes(out: Path) -> list[str]:
         rev = git_revision(repo)
@@ -237,15 +225,24 @@ def _gatr(args: argparse.Namespace, extra: list[str]) -> tuple[Peer, list[str]]:
     return Peer(gatr.ROW, run_one, notes), extra
 
 
-def _peer_process(cmd: list[str], cwd: Path, run_dir: Path) -> tuple[int, float, str]:
-    """One timed peer process in ``cwd``, its output in ``<run_dir>.log``: exit status, whole-process
-    wall in seconds, and its output."""
+def _peer_process(
+    name: str, cmd: list[str], cwd: Path, run_dir: Path, parse: Callable[[str], dict[str, float]]
+) -> dict[str, float]:
+    """One timed peer process in ``cwd``, its output in ``<run_dir>.log``: its whole-process wall
+    (``process``, seconds) and what ``parse(output)`` reads from the run; a one-line DataError naming
+    the log if it fails or ``parse`` raises ValueError."""
     log_path = Path(f"{run_dir}.log")
     with open(log_path, "w") as log:
         start = time.perf_counter()
         code = subprocess.run(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT).returncode
         process = time.perf_counter() - start
-    return code, process, log_path.read_text()
+    text = log_path.read_text()
+    try:
+        if code != 0:
+            raise ValueError((text.strip().splitlines() or ["no output"])[-1])
+        return {"process": process, **parse(text)}
+    except ValueError as err:
+        raise DataError(f"the {name} run failed: {err} (log: {log_path})") from None
 
 
 def _train(argv: list[str], cache: Path) -> tuple[int, float]:
