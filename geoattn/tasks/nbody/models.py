@@ -4,6 +4,7 @@ the EGNN peer (``egnn_vel``) written from the EGNN paper's equations."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,13 +153,14 @@ class BlockMessages(nn.Module):
     """A message layer over every pair of bodies before a rotor block: EGNN's message passing on the
     bodies' current invariant scalars ``s`` ``(B, n, S)`` and their fixed relative geometry:
 
-        e_ij = MLP(A s_i + B s_j, |x_ij|², x_ij · v_ij, |v_ij|²)               (B, n, n, P)
+        e_ij = MLP(A s_i + B s_j + W_u u_ij, u_ij),  u_ij = (|x_ij|², x_ij · v_ij, |v_ij|²)   (B, n, n, P)
         s_i ← s_i + W_s mean_j e_ij
         ⟨x_ic⟩₁ ← ⟨x_ic⟩₁ + embed(mean_j φ(e_ij)_c x_ij)                        each channel c
 
     Invariant weights on relative positions: E(3)-equivariant. The updates start at zero, so the
-    block first computes what it computed without them. forward(x ``(B, n, C, dim)``, s, positions,
-    velocities ``(B, n, 3)``, embed: vectors → multivectors) → (x, s).
+    block first computes what it computed without them. forward(x ``(B, n, C, dim)``, s ``(B, n, S)``,
+    dx ``(B, n, n, 3)`` and u ``(B, n, n, 3)`` from :func:`pair_invariants`, embed: the model's
+    vectors → multivectors) → (x, s).
     """
 
     def __init__(self, scalars: int, channels: int, hidden: int):
@@ -172,7 +174,9 @@ class BlockMessages(nn.Module):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
-    def forward(self, x: Tensor, s: Tensor, dx: Tensor, invariants: Tensor, embed) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, s: Tensor, dx: Tensor, invariants: Tensor, embed: Callable[[Tensor], Tensor]
+    ) -> tuple[Tensor, Tensor]:
         a, b = self.node(s).chunk(2, -1)
         h = a[:, :, None] + b[:, None, :] + self.invariants(invariants)  # (B, n, n, P)
         e = self.edge(torch.cat((h, invariants), -1))
