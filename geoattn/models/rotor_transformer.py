@@ -11,6 +11,7 @@ in PGA Cl(3,0,1) (GATr's embedding: points as trivectors, translations act by ve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -175,8 +176,16 @@ class RotorTransformer(nn.Module):
         self.head = EquiLinear(self.algebra, C, config.out_channels, S, config.out_scalars)
 
     def forward(
-        self, mv: Tensor, scalars: Tensor | None = None, mask: Tensor | None = None
+        self,
+        mv: Tensor,
+        scalars: Tensor | None = None,
+        mask: Tensor | None = None,
+        before_block: Callable[[int, Tensor, Tensor | None], tuple[Tensor, Tensor | None]] | None = None,
     ) -> tuple[Tensor, Tensor]:
+        """``mv (B, N, in_channels, dim)``, ``scalars (B, N, in_scalars)``, ``mask (B, N)`` bool →
+        (``(B, N, out_channels, dim)``, ``(B, N, out_scalars)``). ``before_block(l, x, s) → (x, s)``, if
+        given, updates the hidden multivectors ``(B, N, channels, dim)`` and scalars before block ``l``
+        (a task's own layers between the blocks, e.g. messages over pairs)."""
         cfg, dim = self.config, self.algebra.dim
         if mv.dim() != 4 or mv.shape[2:] != (cfg.in_channels, dim):
             raise ValueError(
@@ -197,7 +206,9 @@ class RotorTransformer(nn.Module):
                 f"RotorTransformer: mask must be bool of shape {(B, N)}, got {mask.dtype} {tuple(mask.shape)}"
             )
         x, s = self.embed(mv, scalars if cfg.in_scalars else None)
-        for block in self.blocks:
+        for layer, block in enumerate(self.blocks):
+            if before_block is not None:
+                x, s = before_block(layer, x, s)
             x, s = block(x, s, mask)
         mv_out, s_out = self.head(x, s)  # no final norm: outputs keep magnitudes (regression targets)
         if s_out is None:

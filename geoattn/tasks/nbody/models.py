@@ -269,26 +269,18 @@ class NBodyRotor(TaskModel):
             pair_scalars, pair_vectors = self.pairs(m, position, velocity)
             vectors = torch.cat((vectors, pair_vectors), dim=2)
             scalars = torch.cat((m, pair_scalars), dim=-1)
-        if self.block_messages is None:
-            mv, s = self.model(self.embed(vectors), scalars)
-        else:
-            mv, s = self._with_block_messages(self.embed(vectors), scalars, position, velocity)
+        before_block = None
+        if self.block_messages is not None:
+            dx, _, invariants = pair_invariants(position, velocity)
+
+            def before_block(layer: int, h: Tensor, hs: Tensor) -> tuple[Tensor, Tensor]:
+                return self.block_messages[layer](h, hs, dx, invariants, self.embed)
+
+        mv, s = self.model(self.embed(vectors), scalars, before_block=before_block)
         prediction = position + self.displacement(mv[:, :, 0])
         if self.config.velocity_output:
             prediction = prediction + s[..., :1] * velocity
         return prediction, _mse(prediction, y)
-
-    def _with_block_messages(
-        self, mv: Tensor, scalars: Tensor, position: Tensor, velocity: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """The rotor transformer's forward with :class:`BlockMessages` before each block."""
-        model = self.model
-        dx, _, invariants = pair_invariants(position, velocity)
-        x, s = model.embed(mv, scalars)
-        for messages, block in zip(self.block_messages, model.blocks):
-            x, s = messages(x, s, dx, invariants, self.embed)
-            x, s = block(x, s, None)
-        return model.head(x, s)
 
 
 def _check_inputs(x: Tensor) -> None:
