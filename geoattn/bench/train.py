@@ -72,7 +72,7 @@ class Peer:
     row: str
     run: Callable[[Path], dict[str, float]]
     notes: Callable[[Path], list[str]]
-    prepare: Callable[[Path], object] = lambda out: None
+    prepare: Callable[[Path], object] | None = None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --out {out} is not empty (nothing there is overwritten)", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    if peer is not None:
+    if peer is not None and peer.prepare is not None:
         peer.prepare(out)
     base = ["train", "--task", args.task, *extra]
     # untimed: compiles the same graphs into each model's cache (a 3-step run compiles only if told)
