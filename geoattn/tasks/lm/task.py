@@ -87,6 +87,7 @@ class LMTask(Task):
         "rt": {"lr": 8e-3},
         "ngpt": {"lr": 8e-3},
         "rfa": {"lr": 2e-3},
+        "rotor": {"lr": 4e-3},
     }
     # the models whose compiled step is faster than their eager one at the recipe
     # (`geoattn bench lm --compile both`); rfa and the rotor LM are not. The transformer's eager step
