@@ -534,6 +534,30 @@ def test_compiled_kernels_match_the_eager_form_values_and_gradients(monkeypatch)
     )  # the compiled path really ran, second derivative included
 
 
+def test_compiled_kernels_read_and_keep_a_blade_major_layout(monkeypatch):
+    """Operands stored blade by blade (`blade_major`, also a channel slice of such a tensor) take the
+    blades-first kernels: the same values and gradients as the eager form, and the result stored
+    blade by blade too (what the layers after it read without a copy)."""
+    import geoattn.compile
+    from geoattn.layers.multivector import blade_major
+
+    monkeypatch.setattr(geoattn.compile, "COMPILE_MIN_ELEMENTS", 1)
+    fast, slow = CliffordAlgebra(2, 0, 1), CliffordAlgebra(2, 0, 1, compile=False)
+    h, g = blade_major(rand(0, 3, 6, 8)), blade_major(rand(1, 3, 3, 8))
+    outs = []
+    for alg in (fast, slow):
+        h_ = h.clone(memory_format=torch.preserve_format).requires_grad_()
+        a, b = h_.split(3, -2)  # channel slices: strided, still blade by blade
+        out = alg.geometric_product(a, b)
+        if alg is fast:
+            assert out.movedim(-1, 0).is_contiguous() and not out.is_contiguous()
+        (grad,) = torch.autograd.grad(out, h_, g)
+        outs.append((out.detach(), grad))
+    for x, y in zip(*outs):
+        close(x, y.numpy())
+    assert {"geometric (blades first)", "geometric.grad_a (blades first)"} <= set(fast._products._compiled)
+
+
 @torch._dynamo.config.patch(recompile_limit=1)  # (monkeypatch would delete the setting on undo)
 def test_many_algebras_and_widths_in_one_process(monkeypatch):
     """Issue #12: models of several widths and algebras built in one process. Every large product

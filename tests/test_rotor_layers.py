@@ -13,7 +13,13 @@ from conftest import random_o3_versor
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.rotation import rotate_pairs
 from geoattn.attention.rotor_kernel import rotor_attention
-from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm, MultivectorEmbedding
+from geoattn.layers.multivector import (
+    EquiLinear,
+    GeometricMLP,
+    GradeLayerNorm,
+    MultivectorEmbedding,
+    blade_major,
+)
 from geoattn.layers.rotor_block import RotorAttention, RotorPositionalEncoding
 from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig, center
 
@@ -90,6 +96,46 @@ def test_simple_layers_are_equivariant(ga, dtype):
     _check_equivariant(GradeLayerNorm(ga, per_grade=False), ga, dtype, x)
     _check_equivariant(EquiLinear(ga, 4, 6, in_scalars=3, out_scalars=2), ga, dtype, x, s)
     _check_equivariant(GeometricMLP(ga, 4, scalars=3), ga, dtype, x, s)
+
+
+@pytest.mark.parametrize("ga", ALGEBRAS, ids=ids)
+def test_layers_give_the_same_in_either_memory_order(ga):
+    """`blade_major` changes the storage, not a value: every layer gives the same outputs and gradients
+    for both orders, and EquiLinear and GeometricMLP keep the blade-major order for the next layer."""
+    torch.manual_seed(2)
+    x, s = _inputs(ga, torch.float64)
+    layers = [GradeLayerNorm(ga), EquiLinear(ga, 4, 6, 3, 2), GeometricMLP(ga, 4, scalars=3)]
+    for layer in (m.double() for m in layers):
+        results = []
+        for xin in (x, blade_major(x)):
+            xin = xin.clone(memory_format=torch.preserve_format).requires_grad_()
+            out = layer(xin) if isinstance(layer, GradeLayerNorm) else layer(xin, s)
+            y, ys = out if isinstance(out, tuple) else (out, None)
+            loss = y.pow(2).sum() + (ys.pow(3).sum() if ys is not None else 0)
+            grads = torch.autograd.grad(loss, (xin, *layer.parameters()))
+            results.append((y, *grads))
+        assert results[1][0].movedim(-1, 0).is_contiguous(), type(layer).__name__
+        for a, b in zip(*results):
+            assert _rel(a, b) < 1e-12
+
+
+def test_equilinear_input_gains_equal_scaling_the_input_grades():
+    """``in_gain[c, k]`` folded into the weights == multiplying grade k of channel c first (values,
+    scalar outputs and gradients; PGA, so the e0 path too)."""
+    torch.manual_seed(3)
+    ga = PGA
+    x, s = _inputs(ga, torch.float64)
+    layer = EquiLinear(ga, 4, 5, in_scalars=3, out_scalars=2).double()
+    gain = torch.rand(4, ga.n + 1, dtype=torch.float64, requires_grad=True)
+    y1, s1 = layer(x, s, in_gain=gain)
+    y2, s2 = layer(x * gain[:, ga.blade_grades], s)
+    for a, b in ((y1, y2), (s1, s2)):
+        assert _rel(a, b) < 1e-12
+    g1 = torch.autograd.grad((y1.sum() + s1.sum()), gain)[0]
+    g2 = torch.autograd.grad((y2.sum() + s2.sum()), gain)[0]
+    assert _rel(g1, g2) < 1e-12
+    with pytest.raises(ValueError, match=r"in_gain has shape \(4, 3\), expected \(4, 5\)"):
+        layer(x, s, in_gain=gain[:, :3])
 
 
 @pytest.mark.parametrize("ga", ALGEBRAS, ids=ids)

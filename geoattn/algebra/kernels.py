@@ -60,34 +60,49 @@ def dense_product(a: Tensor, b: Tensor, table: Tensor) -> Tensor:
     return ((a @ table).unflatten(-1, (dim, dim)) * b.unsqueeze(-1)).sum(-2)
 
 
-def per_blade_source(entries: Entries, dim: int, name: str) -> str:
+def per_blade_source(entries: Entries, dim: int, name: str, blades_first: bool = False) -> str:
     """Python source of ``name(a, b)``: ``(..., dim)`` × ``(..., dim)`` (broadcasting) → ``(..., dim)``.
 
     The body reads each blade as a column of the batch-major ``(M, dim)`` rows and stacks the
     product's blades back into rows (compiled: one loop over the rows, no transposes).
+    ``blades_first``: ``(dim, ...)`` × ``(dim, ...)`` → ``(dim, ...)`` instead (same shapes, no
+    broadcasting), each blade one slice: the form for multivectors stored blade by blade
+    (`geoattn.layers.multivector.blade_major`), which the batch-major form would read strided.
     """
-    lines = [f"def {name}(a, b):", "    a, b = torch.broadcast_tensors(a, b)", "    shape = a.shape"]
-    lines += [f"    a, b = a.reshape(-1, {dim}), b.reshape(-1, {dim})  # (M, dim)"]
+    lines = [f"def {name}(a, b):"]
+    if blades_first:
+        column = "a[{i}]", "b[{j}]"
+    else:
+        lines += ["    a, b = torch.broadcast_tensors(a, b)", "    shape = a.shape"]
+        lines += [f"    a, b = a.reshape(-1, {dim}), b.reshape(-1, {dim})  # (M, dim)"]
+        column = "a[:, {i}]", "b[:, {j}]"
     used_a = sorted({i for i, _, _, _ in entries})
     used_b = sorted({j for _, j, _, _ in entries})
-    lines += [f"    a{i} = a[:, {i}]" for i in used_a] + [f"    b{j} = b[:, {j}]" for j in used_b]
+    lines += [f"    a{i} = {column[0].format(i=i)}" for i in used_a]
+    lines += [f"    b{j} = {column[1].format(j=j)}" for j in used_b]
     outputs = []
     for k in range(dim):
         terms = [f"{'+' if s > 0 else '-'} a{i} * b{j}" for i, j, kk, s in entries if kk == k]
-        outputs.append(" ".join(terms).removeprefix("+ ") or "torch.zeros_like(a[:, 0] * b[:, 0])")
-    lines.append(f"    return torch.stack([{', '.join(outputs)}], -1).view(shape)")
+        zero = "a[0] * b[0]" if blades_first else "a[:, 0] * b[:, 0]"
+        outputs.append(" ".join(terms).removeprefix("+ ") or f"torch.zeros_like({zero})")
+    stacked = f"torch.stack([{', '.join(outputs)}], {0 if blades_first else -1})"
+    lines.append(f"    return {stacked}" if blades_first else f"    return {stacked}.view(shape)")
     return "\n".join(lines)
 
 
-def make_per_blade_product(entries: Entries, dim: int, name: str) -> Callable[[Tensor, Tensor], Tensor]:
-    """The generated per-blade product: ``(..., dim)`` × ``(..., dim)`` (broadcasting) → ``(..., dim)``.
+def make_per_blade_product(
+    entries: Entries, dim: int, name: str, blades_first: bool = False
+) -> Callable[[Tensor, Tensor], Tensor]:
+    """The generated per-blade product: ``(..., dim)`` × ``(..., dim)`` (broadcasting) → ``(..., dim)``
+    (``blades_first``: ``(dim, ...)`` × ``(dim, ...)`` → ``(dim, ...)``, :func:`per_blade_source`).
 
     Each call compiles new source, so every product has its own code object: torch.compile keeps
     its compiled graphs per code object, and one function shared by many tables would be recompiled
     for each (and fail at dynamo's recompile limit, 8).
     """
     namespace = {"torch": torch}
-    exec(compile(per_blade_source(entries, dim, name), f"<geoattn.algebra {name}>", "exec"), namespace)
+    source = per_blade_source(entries, dim, name, blades_first)
+    exec(compile(source, f"<geoattn.algebra {name}>", "exec"), namespace)
     return namespace[name]
 
 
@@ -116,11 +131,12 @@ class CompiledProducts:
             for name in tables:
                 self.plain(name)
 
-    def plain(self, table: str) -> Callable[[Tensor, Tensor], Tensor]:
-        if table not in self._plain:
-            name = f"{table.replace('.', '_')}_{self._tag}"
-            self._plain[table] = make_per_blade_product(self._entries(table), self._dim, name)
-        return self._plain[table]
+    def plain(self, table: str, blades_first: bool = False) -> Callable[[Tensor, Tensor], Tensor]:
+        key = _key(table, blades_first)
+        if key not in self._plain:
+            name = f"{table.replace('.', '_')}_{self._tag}" + ("_blades_first" if blades_first else "")
+            self._plain[key] = make_per_blade_product(self._entries(table), self._dim, name, blades_first)
+        return self._plain[key]
 
     def _entries(self, table: str) -> Entries:
         if table not in self._tables:  # "<product>.grad_a" or "<product>.grad_b"
@@ -129,38 +145,43 @@ class CompiledProducts:
             self._tables[table] = grad_a if which == "grad_a" else grad_b
         return self._tables[table]
 
-    def compiled(self, table: str) -> Callable[[Tensor, Tensor], Tensor] | None:
+    def compiled(self, table: str, blades_first: bool = False) -> Callable[[Tensor, Tensor], Tensor] | None:
         """The compiled product, or None where compilation is unavailable (then callers stay eager)."""
         if self.compile_failed:
             return None
-        if table not in self._compiled:
-            self._compiled[table] = torch.compile(
-                self.plain(table), backend=COMPILE_BACKEND, dynamic=True, fullgraph=True
+        key = _key(table, blades_first)
+        if key not in self._compiled:
+            self._compiled[key] = torch.compile(
+                self.plain(table, blades_first), backend=COMPILE_BACKEND, dynamic=True, fullgraph=True
             )
-        return self._compiled[table]
+        return self._compiled[key]
 
-    def run(self, table: str, a: Tensor, b: Tensor) -> Tensor:
+    def run(self, table: str, a: Tensor, b: Tensor, blades_first: bool = False) -> Tensor:
         """``a ∘ b`` through the compiled kernel where it is available, else the plain per-blade one."""
-        kernel = self.compiled(table)
+        kernel = self.compiled(table, blades_first)
         if kernel is not None:
             try:
                 return kernel(a, b)
             except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. no C++ compiler here
                 self.disable(err)
             except torch._dynamo.exc.FailOnRecompileLimitHit as err:
-                self.give_up(table, err)
-        return self.plain(table)(a, b)
+                self.give_up(table, err, blades_first)
+        return self.plain(table, blades_first)(a, b)
 
     def disable(self, err: Exception) -> None:
         """No compiler here (e.g. no C++ toolchain): every product of this signature stays eager."""
         warnings.warn(f"torch.compile unavailable ({err!r}): geoattn.algebra stays eager", stacklevel=4)
         self.compile_failed = True
 
-    def give_up(self, table: str, err: Exception) -> None:
+    def give_up(self, table: str, err: Exception, blades_first: bool = False) -> None:
         """One product hit a torch.compile limit (e.g. the recompile limit, after many dtypes and
         devices): that product stays eager from now on, the others keep their kernels."""
         warnings.warn(f"{table} of {self._tag} stays eager: {type(err).__name__}", stacklevel=4)
-        self._compiled[table] = None
+        self._compiled[_key(table, blades_first)] = None
+
+
+def _key(table: str, blades_first: bool) -> str:
+    return f"{table} (blades first)" if blades_first else table
 
 
 _SHARED: dict[str, CompiledProducts] = {}
@@ -171,6 +192,12 @@ def products_for(tables: dict[str, Entries], dim: int, tag: str) -> CompiledProd
     if tag not in _SHARED:
         _SHARED[tag] = CompiledProducts(tables, dim, tag)
     return _SHARED[tag]
+
+
+def _blades_first(x: Tensor) -> bool:
+    """Whether ``x (..., dim)`` is stored blade by blade: its blades the outermost stride, its last
+    leading dim contiguous (a channel slice of a blade-major tensor counts)."""
+    return x.dim() > 1 and x.stride(-1) > 1 and x.stride(-2) == 1 and x.stride(-1) == max(x.stride())
 
 
 class CompiledBilinear(torch.autograd.Function):
@@ -186,8 +213,12 @@ class CompiledBilinear(torch.autograd.Function):
         ctx.products, ctx.table = products, table
         # always contiguous (M, dim), detached and no view (detach last: dynamo guards on a view's
         # base): one compiled graph per dtype and device whatever the rank, strides or requires_grad
-        # of the operands (a broadcast operand is copied)
+        # of the operands (a broadcast operand is copied). Operands of one shape both stored blade by
+        # blade go in as contiguous (dim, M) instead, and the result comes back stored so: no copies
         shape = torch.broadcast_shapes(a.shape, b.shape)
+        if a.shape == b.shape and _blades_first(a) and _blades_first(b):
+            rows_a, rows_b = (x.movedim(-1, 0).detach() for x in (a, b))  # (dim, ...), strided is fine
+            return products.run(table, rows_a, rows_b, blades_first=True).movedim(0, -1)
         flat_a, flat_b = (x.expand(shape).reshape(-1, shape[-1]).contiguous().detach() for x in (a, b))
         return products.run(table, flat_a, flat_b).view(shape)
 

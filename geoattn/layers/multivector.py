@@ -200,34 +200,81 @@ class EquiLinear(nn.Module):
         self.mv_to_s = nn.Linear(in_channels, out_scalars, bias=bias) if out_scalars else None
         self.s_to_s = nn.Linear(in_scalars, out_scalars, bias=False) if in_scalars and out_scalars else None
 
-    def forward(self, x: Tensor, s: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, x: Tensor, s: Tensor | None = None, in_gain: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """``in_gain (Cin, G)`` | None: a gain per input channel and grade, as if ``⟨x_c⟩_k`` were
+        multiplied by ``in_gain[c, k]`` first (folded into the weights: no pass over ``x``)."""
         _check_mv(x, self.algebra, self.in_channels, "x", "EquiLinear")
         _check_scalars(s, self.in_scalars, x.shape[:-2], "s", "EquiLinear")
-        w = _per_blade(self.weight, self.grade_onehot, x.dtype)  # (dim, out, in): each blade's grade's
-        y = torch.einsum("...ca,adc->...da", x, w)
+        G = self.weight.shape[0]
+        if in_gain is not None and tuple(in_gain.shape) != (self.in_channels, G):
+            expected = (self.in_channels, G)
+            raise ValueError(f"EquiLinear: in_gain has shape {tuple(in_gain.shape)}, expected {expected}")
+        gain = None if in_gain is None else in_gain.to(x.dtype).t()[:, None, :]  # (G, 1, in)
+        weight = self.weight if gain is None else self.weight * gain
+        w = _per_blade(weight, self.grade_onehot, x.dtype)  # (dim, out, in): each blade's grade's
+        # one GEMM per blade, blades first: x stored blade by blade (`blade_major`) is read without a
+        # copy, and the result is stored so, which the layers after it keep
+        lead, dim = x.shape[:-2], x.shape[-1]
+        xt = x.movedim(-1, 0).reshape(dim, -1, self.in_channels)  # (dim, M, in)
+        y = torch.bmm(xt, w.transpose(1, 2))  # (dim, M, out)
         if self.weight_e0 is not None:
-            ex = x @ self.e0_left.to(x.dtype)
-            w0 = _per_blade(self.weight_e0, self.source_onehot, x.dtype)
-            y = y + torch.einsum("...ca,adc->...da", ex, w0)
+            # e0 ⟨x⟩_k, blades first: (e0 x)_B = Σ_A x_A L0[A, B]
+            ex = (self.e0_left.to(x.dtype).t() @ xt.flatten(1)).view_as(xt)
+            weight0 = self.weight_e0 if gain is None else self.weight_e0 * gain
+            w0 = _per_blade(weight0, self.source_onehot, x.dtype)
+            y = torch.baddbmm(y, ex, w0.transpose(1, 2))
         if self.bias is not None or self.s_to_mv is not None:
             # what the scalar blade gets besides its grade's weight: bias and scalar inputs, one GEMM
             bias = self.bias.to(x.dtype) if self.bias is not None else None
             if self.s_to_mv is not None:
-                extra = F.linear(s, self.s_to_mv.weight.to(x.dtype), bias)
+                extra = F.linear(s.reshape(-1, self.in_scalars), self.s_to_mv.weight.to(x.dtype), bias)
             else:
-                extra = bias.expand(*y.shape[:-2], self.out_channels)
-            scalar, rest = y.split([1, y.shape[-1] - 1], -1)  # (split: its backward is one cat)
-            y = torch.cat([scalar + extra[..., None], rest], -1)
+                extra = bias.expand(y.shape[1], self.out_channels)
+            y = _AddToFirstBlade.apply(y, extra)
+        y = y.view(dim, *lead, self.out_channels).movedim(0, -1)
         s_out = None
         if self.out_scalars:
+            # the scalar blade as the first slice of blades: its gradient is laid out like x's
+            scalar_in = x.movedim(-1, 0)[0]
+            scalar_in = scalar_in if gain is None else scalar_in * in_gain[:, 0].to(x.dtype)
             if self.s_to_s is None:
-                s_out = self.mv_to_s(x[..., 0])
+                s_out = self.mv_to_s(scalar_in)
             else:  # both sources of the scalar outputs in one GEMM
-                inputs = torch.cat([x[..., 0], s.to(x.dtype)], -1)
+                inputs = torch.cat([scalar_in, s.to(x.dtype)], -1)
                 weight = torch.cat([self.mv_to_s.weight, self.s_to_s.weight], 1).to(x.dtype)
                 bias = self.mv_to_s.bias.to(x.dtype) if self.mv_to_s.bias is not None else None
                 s_out = F.linear(inputs, weight, bias)
         return y, s_out
+
+
+class _AddToFirstBlade(torch.autograd.Function):
+    """``y[0] += extra`` in place on a blades-first ``y (dim, M, out)`` that is no view, ``extra (M, out)``:
+    the gradient of ``y`` passes through as it is (autograd's own in-place bookkeeping copies it, and a
+    concatenation would copy ``y`` in the forward as well)."""
+
+    @staticmethod
+    def forward(ctx, y: Tensor, extra: Tensor) -> Tensor:
+        y[0] += extra
+        ctx.mark_dirty(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+        return grad, grad[0]
+
+
+def blade_major(x: Tensor) -> Tensor:
+    """The same multivectors ``(..., C, dim)``, stored blade by blade: each blade's ``(..., C)`` numbers
+    contiguous (``x.movedim(-1, 0)`` is contiguous). Only the memory order changes, not a value.
+
+    :class:`EquiLinear` mixes channels with one GEMM per blade: on a tensor stored so it reads and
+    writes without copies, where the default order (blades innermost) costs a transpose of its input
+    and leaves its output in this order anyway. The layers here are elementwise or keep the order, so
+    a stream converted once (:class:`~geoattn.models.rotor_lm.RotorStack`) stays so through its blocks.
+    """
+    return x.movedim(-1, 0).contiguous().movedim(0, -1)
 
 
 def _per_blade(weight: Tensor, onehot: Tensor, dtype: torch.dtype) -> Tensor:
@@ -265,6 +312,11 @@ class GeometricMLP(nn.Module):
 
     def forward(self, x: Tensor, s: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         h, hs = self.inner(x, s)
-        u = self.algebra.geometric_product(*h.split(self.hidden, -2))  # (split: its backward is one cat)
-        u = u * F.gelu(u[..., :1])
+        # split with blades first: the split's backward (one cat) then writes the gradient blade by
+        # blade, the order in which `inner` reads it
+        left, right = (part.movedim(0, -1) for part in h.movedim(-1, 0).split(self.hidden, -1))
+        u = self.algebra.geometric_product(left, right)
+        # the gate from the scalar blade, read as the first slice of blades: its gradient (zero but
+        # there) is laid out blade by blade like u's, so a blade-major u keeps a blade-major gradient
+        u = u * F.gelu(u.movedim(-1, 0)[0])[..., None]
         return self.outer(u, F.gelu(hs) if hs is not None else None)

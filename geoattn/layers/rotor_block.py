@@ -130,7 +130,6 @@ class RotorAttention(nn.Module):
         H = len(head_types)
         self.qkv = EquiLinear(algebra, channels, 3 * H * head_channels, scalars, 0)
         self.grade_gain = nn.Parameter(torch.ones(H, algebra.n + 1))
-        self.register_buffer("grades", algebra.blade_grades, persistent=False)
         self.out = EquiLinear(algebra, H * head_channels, channels, 0, scalars)
         self.positional = RotorPositionalEncoding(algebra, H) if positional_encoding else None
         # heads of one type run together; `order` puts their outputs back in head order (skipped where
@@ -158,8 +157,10 @@ class RotorAttention(nn.Module):
         else:
             q, k, v = qkv.permute(2, 0, 3, 1, 4, 5)  # each (B, H, N, Ch, dim)
         o = self._heads(q, k, v, mask)  # (B, H, N, Ch, dim) in head order
-        o = o * self.grade_gain.to(o.dtype)[:, self.grades][:, None, None, :]
-        return self.out(o.permute(0, 2, 1, 3, 4).reshape(B, N, H * Ch, -1), None)
+        # the heads' channels side by side, stored blade by blade (`blade_major`): one copy, which the
+        # output map then reads as it is; the per-head grade gains fold into its weights
+        o = o.permute(4, 0, 2, 1, 3).reshape(-1, B, N, H * Ch).permute(1, 2, 3, 0)
+        return self.out(o, None, in_gain=self.grade_gain.repeat_interleave(Ch, 0))
 
     # Left out of a caller's torch.compile: inductor (torch 2.13, CPU) generated a backward for the heads
     # inside this layer that corrupted the heap (glibc "corrupted double-linked list"; reproduced with

@@ -52,7 +52,7 @@ from geoattn.algebra.named import ALGEBRAS, algebra_signature, named_algebra
 from geoattn.attention.rotor_heads import DEFAULT_HEAD_CYCLE, check_head_types, default_head_types
 from geoattn.errors import ConfigError
 from geoattn.layers.common import check_input, default_positions
-from geoattn.layers.multivector import GeometricMLP, GradeLayerNorm, MultivectorEmbedding
+from geoattn.layers.multivector import GeometricMLP, GradeLayerNorm, MultivectorEmbedding, blade_major
 from geoattn.layers.rotor_block import RotorAttention
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LanguageModel
@@ -350,6 +350,7 @@ class RotorStack(nn.Module):
         return self.config.channels * (self.algebra.n + 1) + self.config.scalars
 
     def forward(self, x: Tensor, s: Tensor | None, positions: Tensor) -> tuple[Tensor, Tensor | None]:
+        x = blade_major(x)  # the blocks' channel maps read and write it without copies
         for block in self.blocks:
             x, s = block(x, s, positions)
         return self.norm(x), (self.snorm(s) if s is not None else None)
