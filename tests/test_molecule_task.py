@@ -103,10 +103,12 @@ def test_energy_invariant_and_forces_equivariant_under_e3(water):
 
 
 def test_training_lowers_the_force_error(water):
+    """40 Adam steps on the training frames cut the force error by 30 %. (At lr 3e-3 the error
+    oscillated, and where it stood after step 40 depended on the thread count's rounding.)"""
     model = _model(water)
     x, y = water.split("train")
     before = water.evaluate_split(model, "train")["force_mae_mev"]
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     model.train()
     for _ in range(40):
         _, loss = model(x, y)
