@@ -539,7 +539,7 @@ def test_compiled_kernels_read_and_keep_a_blade_major_layout(monkeypatch):
     blades-first kernels: the same values and gradients as the eager form, and the result stored
     blade by blade too (what the layers after it read without a copy)."""
     import geoattn.compile
-    from geoattn.layers.multivector import blade_major
+    from geoattn.algebra.layout import blade_major
 
     monkeypatch.setattr(geoattn.compile, "COMPILE_MIN_ELEMENTS", 1)
     fast, slow = CliffordAlgebra(2, 0, 1), CliffordAlgebra(2, 0, 1, compile=False)

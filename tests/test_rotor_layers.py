@@ -11,6 +11,7 @@ import torch
 from conftest import random_o3_versor
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
+from geoattn.algebra.layout import blade_major
 from geoattn.algebra.rotation import rotate_pairs
 from geoattn.attention.rotor_kernel import rotor_attention
 from geoattn.layers.multivector import (
@@ -18,7 +19,6 @@ from geoattn.layers.multivector import (
     GeometricMLP,
     GradeLayerNorm,
     MultivectorEmbedding,
-    blade_major,
 )
 from geoattn.layers.rotor_block import RotorAttention, RotorPositionalEncoding
 from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig, center

@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from geoattn.algebra.layout import is_blade_major
+
 Entries = Sequence[tuple[int, int, int, int]]  # (i, j, k, sign): e_i ∘ e_j = sign · e_k
 
 # Above this many blades (n ≥ 5: 1024+ terms per product, three kernels with the backward) the
@@ -67,7 +69,7 @@ def per_blade_source(entries: Entries, dim: int, name: str, blades_first: bool =
     product's blades back into rows (compiled: one loop over the rows, no transposes).
     ``blades_first``: ``(dim, ...)`` × ``(dim, ...)`` → ``(dim, ...)`` instead (same shapes, no
     broadcasting), each blade one slice: the form for multivectors stored blade by blade
-    (`geoattn.layers.multivector.blade_major`), which the batch-major form would read strided.
+    (`geoattn.algebra.layout.blade_major`), which the batch-major form would read strided.
     """
     lines = [f"def {name}(a, b):"]
     if blades_first:
@@ -194,12 +196,6 @@ def products_for(tables: dict[str, Entries], dim: int, tag: str) -> CompiledProd
     return _SHARED[tag]
 
 
-def _blades_first(x: Tensor) -> bool:
-    """Whether ``x (..., dim)`` is stored blade by blade: its blades the outermost stride, its last
-    leading dim contiguous (a channel slice of a blade-major tensor counts)."""
-    return x.dim() > 1 and x.stride(-1) > 1 and x.stride(-2) == 1 and x.stride(-1) == max(x.stride())
-
-
 class CompiledBilinear(torch.autograd.Function):
     """``a ∘ b`` through the compiled kernel; its backward calls the compiled gradient kernels.
 
@@ -216,7 +212,7 @@ class CompiledBilinear(torch.autograd.Function):
         # of the operands (a broadcast operand is copied). Operands of one shape both stored blade by
         # blade go in as contiguous (dim, M) instead, and the result comes back stored so: no copies
         shape = torch.broadcast_shapes(a.shape, b.shape)
-        if a.shape == b.shape and _blades_first(a) and _blades_first(b):
+        if a.shape == b.shape and is_blade_major(a) and is_blade_major(b):
             rows_a, rows_b = (x.movedim(-1, 0).detach() for x in (a, b))  # (dim, ...), strided is fine
             return products.run(table, rows_a, rows_b, blades_first=True).movedim(0, -1)
         flat_a, flat_b = (x.expand(shape).reshape(-1, shape[-1]).contiguous().detach() for x in (a, b))

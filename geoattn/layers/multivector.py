@@ -265,18 +265,6 @@ class _AddToFirstBlade(torch.autograd.Function):
         return grad, grad[0]
 
 
-def blade_major(x: Tensor) -> Tensor:
-    """The same multivectors ``(..., C, dim)``, stored blade by blade: each blade's ``(..., C)`` numbers
-    contiguous (``x.movedim(-1, 0)`` is contiguous). Only the memory order changes, not a value.
-
-    :class:`EquiLinear` mixes channels with one GEMM per blade: on a tensor stored so it reads and
-    writes without copies, where the default order (blades innermost) costs a transpose of its input
-    and leaves its output in this order anyway. The layers here are elementwise or keep the order, so
-    a stream converted once (:class:`~geoattn.models.rotor_lm.RotorStack`) stays so through its blocks.
-    """
-    return x.movedim(-1, 0).contiguous().movedim(0, -1)
-
-
 def _per_blade(weight: Tensor, onehot: Tensor, dtype: torch.dtype) -> Tensor:
     """``(G, out, in)`` grade matrices → ``(dim, out, in)`` blade matrices, ``onehot (dim, G)`` choosing
     each blade's grade: one GEMM each way (indexing by grade took a scatter-add in the backward)."""
