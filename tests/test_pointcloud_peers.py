@@ -10,7 +10,7 @@ from conftest import fit_one_batch
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes
 from geoattn.tasks.nbody.simulator import random_orthogonal, random_rotations
-from geoattn.tasks.pointcloud.graph import gather, knn, local_geometry
+from geoattn.tasks.pointcloud.graph import gather, knn, local_geometry, principal_axes
 from geoattn.tasks.pointcloud.peers import VNEdgeConv, VNInvariant, VNLinearLeakyReLU
 from geoattn.tasks.pointcloud.shapes import CLASSES
 from geoattn.tasks.pointcloud.task import PointCloudConfig, PointCloudTask, rotate
@@ -171,14 +171,40 @@ def test_local_geometry_tells_planes_and_lines_and_turns_with_the_cloud():
     line = torch.rand(1, 40, 1, generator=g, dtype=torch.float64) * torch.tensor([1.0, 2.0, 3.0])
     for cloud, flat in ((plane, 1), (line, 2)):
         cloud = cloud - cloud.mean(1, keepdim=True)
-        _, extents = local_geometry(cloud, knn(cloud, 8))
+        extents = local_geometry(cloud, knn(cloud, 8)).extents
         assert extents[..., :flat].abs().max() < 1e-6 and extents[..., flat:].min() > 1e-3
     cloud = torch.randn(2, 30, 3, generator=g, dtype=torch.float64)
     q = random_orthogonal(2, g)
-    offset, extents = local_geometry(cloud, knn(cloud, 8))
-    turned_offset, turned_extents = local_geometry(rotate(cloud, q), knn(rotate(cloud, q), 8))
+    offset, extents, normal = local_geometry(cloud, knn(cloud, 8))
+    turned_offset, turned_extents, turned_normal = local_geometry(rotate(cloud, q), knn(rotate(cloud, q), 8))
     torch.testing.assert_close(turned_offset, rotate(offset, q), atol=1e-12, rtol=0)
     torch.testing.assert_close(turned_extents, extents, atol=1e-12, rtol=0)
+    torch.testing.assert_close(turned_normal, rotate(normal, q), atol=1e-9, rtol=0)  # signs follow too
+
+
+def test_normals_are_the_surface_normals_pointing_outwards():
+    """On a noiseless sphere the local normal is the radial direction (float64)."""
+    g = torch.Generator().manual_seed(5)
+    sphere = torch.randn(1, 400, 3, generator=g, dtype=torch.float64)
+    sphere = sphere / sphere.norm(dim=-1, keepdim=True)
+    normal = local_geometry(sphere, knn(sphere, 12)).normal
+    torch.testing.assert_close(normal.norm(dim=-1), torch.ones(1, 400, dtype=torch.float64))
+    assert ((normal * sphere).sum(-1) > 0.95).all()  # outwards, and nearly radial
+
+
+def test_principal_axes_are_invariant_and_measure_the_cloud():
+    """A box-shaped cloud: distances from its principal planes are the absolute coordinates in its own
+    frame, and both outputs are unchanged by rotations and reflections (float64)."""
+    g = torch.Generator().manual_seed(6)
+    cloud = (torch.rand(2, 200, 3, generator=g, dtype=torch.float64) - 0.5) * torch.tensor([1.0, 2.0, 4.0])
+    cloud = cloud - cloud.mean(1, keepdim=True)
+    distances, spread = principal_axes(cloud)
+    assert spread.shape == (2, 3) and (spread.diff(dim=-1) > 0).all()  # ascending, one per axis
+    torch.testing.assert_close(distances, cloud.abs(), atol=0.1, rtol=0)  # the axes are nearly x, y, z
+    q = random_orthogonal(2, g)
+    turned = principal_axes(rotate(cloud, q))
+    torch.testing.assert_close(turned[0], distances, atol=1e-9, rtol=0)
+    torch.testing.assert_close(turned[1], spread, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["pointnet", "dgcnn", "vn"])

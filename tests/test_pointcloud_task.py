@@ -52,10 +52,14 @@ def test_protocol_rotations():
         PointCloudConfig(train_rotation="x")
 
 
-def test_rotor_logits_invariant_under_e3():
+@pytest.mark.parametrize(
+    "options", [{}, {"normals": True}, {"axes": True}, {"normals": True, "axes": True}, {"neighbours": 0}]
+)
+def test_rotor_logits_invariant_under_e3(options):
+    """Every input option keeps the logits invariant under rotations, reflections and translations."""
     task = PointCloudTask(PointCloudConfig(**SMALL))
     torch.manual_seed(0)
-    model = task._build("rotor", SIZES, {}).double().eval()
+    model = task._build("rotor", SIZES, options).double().eval()
     x, _ = task.evaluation_set("val")
     x = x[:8]
     g = torch.Generator().manual_seed(2)
@@ -64,6 +68,8 @@ def test_rotor_logits_invariant_under_e3():
     logits, _ = model(x)
     assert (model(moved)[0] - logits).abs().max() <= 1e-8
     assert logits.std(0).max() > 1e-3  # different clouds, different logits: not a constant
+    if options:
+        return
     transformer = task._build("transformer", SIZES, {}).double().eval()
     assert (transformer(moved)[0] - transformer(x)[0]).abs().max() > 1e-3  # the baseline is not invariant
 
@@ -76,3 +82,9 @@ def test_rotor_fits_a_batch():
     x, y = task.get_batch("train", 32, torch.Generator().manual_seed(0))
     losses = fit_one_batch(model, x, y, 40)
     assert losses[-1] < 0.6 * losses[0], losses
+
+
+def test_normals_need_neighbours():
+    task = PointCloudTask(PointCloudConfig(**SMALL))
+    with pytest.raises(ConfigError, match="normals needs neighbours"):
+        task._build("rotor", SIZES, {"normals": True, "neighbours": 0})

@@ -17,7 +17,7 @@ from geoattn.errors import ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.models.lm import LMConfig, build_backbone
 from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig, center
-from geoattn.tasks.pointcloud.graph import knn, local_geometry
+from geoattn.tasks.pointcloud.graph import knn, local_geometry, principal_axes
 
 
 class PointTransformer(TaskModel):
@@ -49,10 +49,16 @@ class PointRotorConfig(RotorTransformerConfig):
         neighbours: k of the local input features (0: the centred point and its radius only).
             The features: each point's kNN mean offset and local extents.
         readout: width of the readout MLP's hidden layer (0: a linear classifier).
+        axes: also read each point's distances from the cloud's principal planes and the cloud's
+            extents along its principal axes (:func:`~geoattn.tasks.pointcloud.graph.principal_axes`),
+            6 more scalars.
+        normals: also read each point's local surface normal as a vector channel (needs neighbours).
     """
 
     neighbours: int = 16
     readout: int = 128
+    axes: bool = False
+    normals: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -60,12 +66,19 @@ class PointRotorConfig(RotorTransformerConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"PointRotorConfig.{name} must be an integer ≥ 0, got {value!r}")
+        for name in ("axes", "normals"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"PointRotorConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.normals and not self.neighbours:
+            raise ConfigError("PointRotorConfig.normals needs neighbours > 0 (the normals come from the kNN)")
 
 
 def point_inputs(config: PointRotorConfig) -> tuple[int, int]:
     """The rotor model's input widths (vector channels, scalars): the centred point and its radius;
-    with neighbours also its neighbours' mean offset, the offset's length and the 3 local extents."""
-    return (2, 5) if config.neighbours else (1, 1)
+    with neighbours also its neighbours' mean offset, the offset's length and the 3 local extents; with
+    axes 6 more scalars; with normals one more vector channel."""
+    vectors, scalars = (2, 5) if config.neighbours else (1, 1)
+    return vectors + config.normals, scalars + 6 * config.axes
 
 
 class PointRotor(TaskModel):
@@ -101,13 +114,16 @@ class PointRotor(TaskModel):
     def inputs(self, points: Tensor) -> tuple[Tensor, Tensor]:
         """Centred clouds ``(B, P, 3)`` → vector channels ``(B, P, V, dim)``, scalars ``(B, P, S)``
         (:func:`point_inputs`)."""
-        radius = points.norm(dim=-1, keepdim=True)  # (B, P, 1)
-        if not self.config.neighbours:
-            return self.algebra.vector(points[:, :, None, :]), radius
-        offset, extents = local_geometry(points, knn(points, self.config.neighbours))
-        vectors = torch.stack((points, offset), 2)  # (B, P, 2, 3)
-        scalars = torch.cat((radius, offset.norm(dim=-1, keepdim=True), extents), -1)  # (B, P, 5)
-        return self.algebra.vector(vectors), scalars
+        scalars = [points.norm(dim=-1, keepdim=True)]  # the radius (B, P, 1)
+        vectors = [points]
+        if self.config.neighbours:
+            local = local_geometry(points, knn(points, self.config.neighbours))
+            vectors += [local.offset, local.normal] if self.config.normals else [local.offset]
+            scalars += [local.offset.norm(dim=-1, keepdim=True), local.extents]  # (B, P, 1), (B, P, 3)
+        if self.config.axes:
+            distances, spread = principal_axes(points)
+            scalars += [distances, spread[:, None].expand_as(distances)]  # (B, P, 3) each
+        return self.algebra.vector(torch.stack(vectors, 2)), torch.cat(scalars, -1)
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         check_points(x)
