@@ -67,8 +67,9 @@ class PointRotorConfig(RotorTransformerConfig):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"PointRotorConfig.{name} must be an integer ≥ 0, got {value!r}")
         for name in ("axes", "normals"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"PointRotorConfig.{name} must be true or false, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ConfigError(f"PointRotorConfig.{name} must be true or false, got {value!r}")
         if self.normals and not self.neighbours:
             raise ConfigError("PointRotorConfig.normals needs neighbours > 0 (the normals come from the kNN)")
 
