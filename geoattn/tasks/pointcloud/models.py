@@ -86,8 +86,10 @@ class PointRotor(TaskModel):
     """:class:`RotorTransformer` (Cl(3)) on points with an invariant readout.
 
     Token i: the centred point ``x_i`` and, with ``neighbours = k``, the offset of its k nearest
-    neighbours' mean, as vector channels; their lengths and the neighbourhood's local extents
-    (:func:`~geoattn.tasks.pointcloud.graph.local_geometry`) as scalars. Readout per point: the output
+    neighbours' mean (and with ``normals`` the local surface normal, pointing outwards), as vector
+    channels; their lengths and the neighbourhood's local extents
+    (:func:`~geoattn.tasks.pointcloud.graph.local_geometry`) as scalars (with ``axes`` also the
+    point's distances from the cloud's principal planes and the cloud's extents along its axes). Readout per point: the output
     scalars, the norms of the output multivector channels, and the Gram matrix of the output channels'
     vector parts together with their means over the cloud (``⟨a_ic, a_id⟩``, ``⟨a_ic, ā_d⟩``,
     ``⟨ā_c, ā_d⟩``: the invariants of the point's vectors relative to the cloud's); pooled by mean and max
