@@ -175,8 +175,10 @@ def test_local_geometry_tells_planes_and_lines_and_turns_with_the_cloud():
         assert extents[..., :flat].abs().max() < 1e-6 and extents[..., flat:].min() > 1e-3
     cloud = torch.randn(2, 30, 3, generator=g, dtype=torch.float64)
     q = random_orthogonal(2, g)
-    offset, extents, normal = local_geometry(cloud, knn(cloud, 8))
-    turned_offset, turned_extents, turned_normal = local_geometry(rotate(cloud, q), knn(rotate(cloud, q), 8))
+    offset, extents, normal, bending = local_geometry(cloud, knn(cloud, 8))
+    turned = local_geometry(rotate(cloud, q), knn(rotate(cloud, q), 8))
+    turned_offset, turned_extents, turned_normal = turned.offset, turned.extents, turned.normal
+    torch.testing.assert_close(turned.bending, bending, atol=1e-9, rtol=0)
     torch.testing.assert_close(turned_offset, rotate(offset, q), atol=1e-12, rtol=0)
     torch.testing.assert_close(turned_extents, extents, atol=1e-12, rtol=0)
     torch.testing.assert_close(turned_normal, rotate(normal, q), atol=1e-9, rtol=0)  # signs follow too
@@ -190,6 +192,24 @@ def test_normals_are_the_surface_normals_pointing_outwards():
     normal = local_geometry(sphere, knn(sphere, 12)).normal
     torch.testing.assert_close(normal.norm(dim=-1), torch.ones(1, 400, dtype=torch.float64))
     assert ((normal * sphere).sum(-1) > 0.95).all()  # outwards, and nearly radial
+
+
+def test_bending_tells_planes_from_cylinders_and_spheres():
+    """The normals' scatter: one non-zero eigenvalue on a plane, two on a cylinder (the larger two
+    clearly apart from the least), three comparable ones on a small sphere (float64)."""
+    g = torch.Generator().manual_seed(7)
+    u, v = torch.rand(2, 1, 300, generator=g, dtype=torch.float64)
+    plane = torch.stack((u - 0.5, v - 0.5, torch.full_like(u, 0.3)), -1)
+    angle = 2 * torch.pi * u
+    cylinder = torch.stack((0.2 * torch.cos(angle), 0.2 * torch.sin(angle), v - 0.5), -1)
+    sphere = torch.randn(1, 300, 3, generator=g, dtype=torch.float64)
+    sphere = 0.2 * sphere / sphere.norm(dim=-1, keepdim=True)
+    bend = {name: local_geometry(c, knn(c, 12)).bending.median(1).values[0]
+            for name, c in (("plane", plane), ("cylinder", cylinder), ("sphere", sphere))}  # fmt: skip
+    flat = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64)
+    torch.testing.assert_close(bend["plane"], flat, atol=1e-9, rtol=0)
+    assert bend["cylinder"][0] < 0.005 and bend["cylinder"][1] > 0.03
+    assert bend["sphere"][0] > 0.01
 
 
 def test_principal_axes_are_invariant_and_measure_the_cloud():

@@ -53,7 +53,9 @@ def test_protocol_rotations():
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"normals": True}, {"axes": True}, {"normals": True, "axes": True}, {"neighbours": 0}]
+    "options",
+    [{}, {"normals": True}, {"axes": True}, {"bending": True}, {"normals": True, "axes": True},
+     {"neighbours": 0}],  # fmt: skip
 )
 def test_rotor_logits_invariant_under_e3(options):
     """Every input option keeps the logits invariant under rotations, reflections and translations."""
@@ -84,7 +86,8 @@ def test_rotor_fits_a_batch():
     assert losses[-1] < 0.6 * losses[0], losses
 
 
-def test_normals_need_neighbours():
+@pytest.mark.parametrize("name", ["normals", "bending"])
+def test_local_inputs_need_neighbours(name):
     task = PointCloudTask(PointCloudConfig(**SMALL))
-    with pytest.raises(ConfigError, match="normals needs neighbours"):
-        task._build("rotor", SIZES, {"normals": True, "neighbours": 0})
+    with pytest.raises(ConfigError, match=f"{name} needs neighbours"):
+        task._build("rotor", SIZES, {name: True, "neighbours": 0})

@@ -53,12 +53,16 @@ class PointRotorConfig(RotorTransformerConfig):
             extents along its principal axes (:func:`~geoattn.tasks.pointcloud.graph.principal_axes`),
             6 more scalars.
         normals: also read each point's local surface normal as a vector channel (needs neighbours).
+        bending: also read how the surface bends around each point (the eigenvalues of its
+            neighbours' normals' scatter, :func:`~geoattn.tasks.pointcloud.graph.local_geometry`), 3
+            more scalars (needs neighbours).
     """
 
     neighbours: int = 16
     readout: int = 128
     axes: bool = False
     normals: bool = False
+    bending: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -66,20 +70,21 @@ class PointRotorConfig(RotorTransformerConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"PointRotorConfig.{name} must be an integer ≥ 0, got {value!r}")
-        for name in ("axes", "normals"):
+        for name in ("axes", "normals", "bending"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ConfigError(f"PointRotorConfig.{name} must be true or false, got {value!r}")
-        if self.normals and not self.neighbours:
-            raise ConfigError("PointRotorConfig.normals needs neighbours > 0 (the normals come from the kNN)")
+        for name in ("normals", "bending"):
+            if getattr(self, name) and not self.neighbours:
+                raise ConfigError(f"PointRotorConfig.{name} needs neighbours > 0 (it comes from the kNN)")
 
 
 def point_inputs(config: PointRotorConfig) -> tuple[int, int]:
     """The rotor model's input widths (vector channels, scalars): the centred point and its radius;
     with neighbours also its neighbours' mean offset, the offset's length and the 3 local extents; with
-    axes 6 more scalars; with normals one more vector channel."""
+    axes 6 more scalars; with normals one more vector channel; with bending 3 more scalars."""
     vectors, scalars = (2, 5) if config.neighbours else (1, 1)
-    return vectors + config.normals, scalars + 6 * config.axes
+    return vectors + config.normals, scalars + 6 * config.axes + 3 * config.bending
 
 
 class PointRotor(TaskModel):
@@ -89,9 +94,10 @@ class PointRotor(TaskModel):
     neighbours' mean (and with ``normals`` the local surface normal, pointing outwards), as vector
     channels; their lengths and the neighbourhood's local extents
     (:func:`~geoattn.tasks.pointcloud.graph.local_geometry`) as scalars (with ``axes`` also the
-    point's distances from the cloud's principal planes and the cloud's extents along its axes). Readout per point: the output
-    scalars, the norms of the output multivector channels, and the Gram matrix of the output channels'
-    vector parts together with their means over the cloud (``⟨a_ic, a_id⟩``, ``⟨a_ic, ā_d⟩``,
+    point's distances from the cloud's principal planes and the cloud's extents along its axes; with
+    ``bending`` how the surface bends around it). Readout per point: the output scalars, the norms of
+    the output multivector channels, and the Gram matrix of the output channels' vector parts together
+    with their means over the cloud (``⟨a_ic, a_id⟩``, ``⟨a_ic, ā_d⟩``,
     ``⟨ā_c, ā_d⟩``: the invariants of the point's vectors relative to the cloud's); pooled by mean and max
     over points, then LayerNorm and an MLP. Every readout number is an O(3) invariant (norms and inner
     products of vectors that rotate and reflect together), so every logit is invariant under rotations,
@@ -123,6 +129,8 @@ class PointRotor(TaskModel):
             local = local_geometry(points, knn(points, self.config.neighbours))
             vectors += [local.offset, local.normal] if self.config.normals else [local.offset]
             scalars += [local.offset.norm(dim=-1, keepdim=True), local.extents]  # (B, P, 1), (B, P, 3)
+            if self.config.bending:
+                scalars.append(local.bending)  # (B, P, 3)
         if self.config.axes:
             distances, spread = principal_axes(points)
             scalars += [distances, spread[:, None].expand_as(distances)]  # (B, P, 3) each

@@ -141,7 +141,7 @@ class PointCloudTask(Task):
                 "n_embd": 128,
                 # the local surface normals as a vector input: 0.753 → 0.810 validation accuracy at lr
                 # 4e-3 (one seed, 2026-12-03; the principal axes' distances 0.776, both 0.799, normals
-                # with k = 8 or 32 neighbours 0.786, 0.744)
+                # with k = 8 or 32 neighbours 0.786, 0.744, normals and bending 0.820; results/pointcloud.md)
                 "model_options": {"head_types": ["frame"] * 4, "normals": True},
             },
             "pointnet": {"n_layer": 4, "n_embd": 64},
