@@ -226,6 +226,23 @@ def test_rotor_encoding_in_2d_is_rope():
     assert out[..., [0, 3]].abs().max() < 1e-12  # vectors stay vectors
 
 
+@pytest.mark.parametrize("signature", [(2, 0, 0), (3, 0, 0), (2, 1, 0), (0, 3, 0), (2, 0, 1)])
+def test_rotor_encoding_action_in_closed_form_equals_the_sandwich(signature):
+    """n ≤ 3: ``exp(t L)`` in closed form (:meth:`RotorPositionalEncoding.action`) against the sandwich
+    matrix of ``exp(t B / 2)``, values and gradients, float64, positions ``(N,)`` and ``(B, N)``."""
+    ga = CliffordAlgebra(*signature)
+    torch.manual_seed(1)
+    pe = RotorPositionalEncoding(ga, n_heads=3, init_scale=0.3).double()
+    for t in (torch.arange(16, dtype=torch.float64), 8 * torch.randn(2, 5, dtype=torch.float64)):
+        fast = pe.action(t, torch.float64)
+        sandwich = ga.versor_matrix(pe.rotors(t, torch.float64))
+        assert fast.shape == sandwich.shape
+        torch.testing.assert_close(fast, sandwich, rtol=1e-10, atol=1e-10)
+        w = torch.randn_like(fast)
+        grads = [torch.autograd.grad((m * w).sum(), pe.bivectors)[0] for m in (fast, sandwich)]
+        torch.testing.assert_close(grads[0], grads[1], rtol=1e-9, atol=1e-9)
+
+
 def test_rotor_encoding_logits_depend_on_relative_position_only():
     pe = RotorPositionalEncoding(CL3, n_heads=2, init_scale=1.0).double()
     q, k = torch.randn(2, 1, 2, 6, 3, 8, dtype=torch.float64)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from geoattn.algebra.clifford_algebra import CliffordAlgebra
+from geoattn.algebra.clifford_algebra import CliffordAlgebra, _cos_sinc
 from geoattn.attention.rotor_heads import HEADS, check_head_types
 from geoattn.attention.rotor_kernel import rotor_attention
 from geoattn.compile import disabled
@@ -40,11 +40,7 @@ class RotorPositionalEncoding(nn.Module):
     def rotors(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
         """``R_h(t)``: positions ``(N,)`` / ``(B, N)`` → ``(B|1, H, N, dim)``."""
         t = positions if positions.dim() == 2 else positions[None]
-        half = self.bivectors.new_zeros(self.n_heads, self.algebra.dim).to(dtype)
-        half = half.index_copy(
-            -1, torch.tensor(self.bivector_index, device=half.device), self.bivectors.to(dtype)
-        )
-        return self.algebra.exp(t[:, None, :, None].to(dtype) * half[None, :, None, :] / 2)
+        return self.algebra.exp(t[:, None, :, None].to(dtype) * self._bivectors(dtype)[None, :, None, :] / 2)
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         if x.dim() != 5 or x.shape[1] != self.n_heads or x.shape[-1] != self.algebra.dim:
@@ -61,8 +57,40 @@ class RotorPositionalEncoding(nn.Module):
 
     def action(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
         """The matrix of ``x ↦ R_h(t) x R̃_h(t)``: positions ``(N,)`` / ``(B, N)`` →
-        ``(B|1, H, N, dim, dim)``."""
-        return self.algebra.versor_matrix(self.rotors(positions, dtype))
+        ``(B|1, H, N, dim, dim)``: for n ≤ 3 ``1 + f₁ L + f₂ L²`` (:meth:`closed_form`), else the
+        sandwich matrix of the exponential (n ≥ 4 has non-simple bivectors)."""
+        if self.algebra.n > 3:
+            return self.algebra.versor_matrix(self.rotors(positions, dtype))
+        generators, f1, f2 = self.closed_form(positions, dtype)
+        eye = torch.eye(self.algebra.dim, dtype=dtype, device=generators.device)
+        L, L2 = generators[:, None].unbind(-3)  # (H, 1, dim, dim) each
+        return eye + f1[..., None, None] * L + f2[..., None, None] * L2
+
+    def closed_form(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """For n ≤ 3: ``R_h(t) x R̃_h(t) = x + f₁(t) L_h x + f₂(t) L_h² x``. Returns ``(L_h, L_h²)`` stacked
+        ``(H, 2, dim, dim)`` and the weights ``f₁, f₂`` ``(B|1, H, N)`` at ``positions``.
+
+        Every bivector is simple for n ≤ 3, and the action is a one-parameter group ``exp(t L_h)``
+        whose generator ``L_h x = (B_h x − x B_h) / 2`` satisfies ``L³ = λ L`` with ``λ = B_h²`` (its
+        eigenvalues are 0 and ``±sqrt(λ)``: the blades that meet the plane of B_h once turn, the others
+        stay). So ``exp(t L) = 1 + t S(t² λ) L + (t²/2) S(t² λ / 4)² L²``, S as in the bivector
+        exponential (``sin(tθ)/(tθ)`` for ``λ = −θ²``): two fixed matrices per head and two weights per
+        position, where the sandwich would take geometric products per position. Tested against it in
+        Euclidean, mixed and degenerate signatures."""
+        ga = self.algebra
+        B = self._bivectors(dtype)  # (H, dim)
+        L = (ga.left_matrix(B) - ga.right_matrix(B)) / 2  # (H, dim, dim)
+        lam = ga.scalar_product(B, B)[None, :, None]  # (1, H, 1)
+        t = (positions if positions.dim() == 2 else positions[None]).to(dtype)[:, None, :]  # (B|1, 1, N)
+        f1 = t * _cos_sinc(t * t * lam)[1]
+        f2 = t * t / 2 * _cos_sinc(t * t * lam / 4)[1] ** 2
+        return torch.stack((L, L @ L), 1), f1, f2
+
+    def _bivectors(self, dtype: torch.dtype) -> Tensor:
+        """The learned ``B_h`` as multivectors ``(H, dim)``."""
+        index = torch.tensor(self.bivector_index, device=self.bivectors.device)
+        zeros = self.bivectors.new_zeros(self.n_heads, self.algebra.dim).to(dtype)
+        return zeros.index_copy(-1, index, self.bivectors.to(dtype))
 
     def rotate_qk(self, qk: Tensor, positions: Tensor) -> Tensor:
         """Queries and keys together, as the attention's projection lays them out: ``qk (B, N, 2, H, C,
