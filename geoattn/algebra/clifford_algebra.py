@@ -384,7 +384,7 @@ class CliffordAlgebra:
             return self.exp(B.float(), simple=simple).to(B.dtype)
         if self.n <= 3 or simple:
             lam = self.scalar_product(B, B)
-            c, s = _cos_sinc(lam)
+            c, s = cos_sinc(lam)
             return c.unsqueeze(-1) * self._table(B.device, B.dtype)["one"] + s.unsqueeze(-1) * B
         t = self._table(B.device, B.dtype)
         left = torch.einsum("...i,ijk->...kj", B, t["even_cayley"])  # (..., E, E): x ↦ B x, E = dim/2
@@ -473,7 +473,7 @@ def _unit_vector(v: Tensor, sig: Tensor) -> Tensor:
     return v / torch.where(norm > 0, norm, torch.ones_like(norm)).unsqueeze(-1) * (norm > 0).unsqueeze(-1)
 
 
-def _cos_sinc(lam: Tensor) -> tuple[Tensor, Tensor]:
+def cos_sinc(lam: Tensor) -> tuple[Tensor, Tensor]:
     """``C(λ) = Σ λᵐ/(2m)!`` and ``S(λ) = Σ λᵐ/(2m+1)!`` for any real λ (``exp(B) = C + S B`` if B² = λ).
 
     λ < 0: cos√-λ, sin√-λ/√-λ; λ > 0: cosh√λ, sinh√λ/√λ. Near 0 the Taylor polynomial (truncation

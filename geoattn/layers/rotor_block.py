@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from geoattn.algebra.clifford_algebra import CliffordAlgebra, _cos_sinc
+from geoattn.algebra.clifford_algebra import CliffordAlgebra, cos_sinc
 from geoattn.attention.rotor_heads import HEADS, check_head_types
 from geoattn.attention.rotor_kernel import rotor_attention
 from geoattn.compile import disabled
@@ -82,8 +82,8 @@ class RotorPositionalEncoding(nn.Module):
         L = (ga.left_matrix(B) - ga.right_matrix(B)) / 2  # (H, dim, dim)
         lam = ga.scalar_product(B, B)[None, :, None]  # (1, H, 1)
         t = (positions if positions.dim() == 2 else positions[None]).to(dtype)[:, None, :]  # (B|1, 1, N)
-        f1 = t * _cos_sinc(t * t * lam)[1]
-        f2 = t * t / 2 * _cos_sinc(t * t * lam / 4)[1] ** 2
+        f1 = t * cos_sinc(t * t * lam)[1]
+        f2 = t * t / 2 * cos_sinc(t * t * lam / 4)[1] ** 2
         return torch.stack((L, L @ L), 1), f1, f2
 
     def _bivectors(self, dtype: torch.dtype) -> Tensor:

@@ -32,7 +32,6 @@ class Neighbourhoods(NamedTuple):
     offset: Tensor  # (B, N, 3) the neighbours' mean minus the point, in units of the cloud's local extent
     extents: Tensor  # (B, N, 3) square roots of the neighbours' covariance eigenvalues, ascending, same units
     normal: Tensor  # (B, N, 3) unit normal of the local surface, pointing away from the cloud's centre
-    bending: Tensor  # (B, N, 3) eigenvalues of the neighbours' normals' scatter, ascending (sum 1)
 
 
 def local_geometry(points: Tensor, index: Tensor) -> Neighbourhoods:
@@ -42,11 +41,7 @@ def local_geometry(points: Tensor, index: Tensor) -> Neighbourhoods:
     neighbourhood's principal axes, which tell planes, lines and blobs apart), both divided by the
     cloud's mean local extent (so that the spacing of the points does not set them); and the local
     surface normal, the covariance's least axis with its sign chosen so that it points away from the
-    cloud's centre (``⟨n_i, x_i⟩ ≥ 0``), which makes it equivariant under rotations and reflections; and
-    how the surface bends: the eigenvalues of ``Σ_j n_j n_jᵀ / k`` over the neighbours' normals
-    (invariant, and blind to the normals' signs): ``(0, 0, 1)`` on a plane, one more non-zero where the
-    surface curves one way (a cylinder, a cone), two where it curves both ways (a sphere) or folds
-    (an edge or a corner of a box or a pyramid)."""
+    cloud's centre (``⟨n_i, x_i⟩ ≥ 0``), which makes it equivariant under rotations and reflections."""
     neighbours = gather(points, index)  # (B, N, k, 3)
     mean = neighbours.mean(2)
     spread = neighbours - mean[:, :, None]
@@ -56,9 +51,17 @@ def local_geometry(points: Tensor, index: Tensor) -> Neighbourhoods:
     scale = extents.sum(-1).mean(1)[:, None, None].clamp_min(1e-9)
     normal = axes[..., 0]  # (B, N, 3): the eigenvector of the least eigenvalue
     normal = torch.where((normal * points).sum(-1, keepdim=True) < 0, -normal, normal)
+    return Neighbourhoods((mean - points) / scale, extents / scale, normal)
+
+
+def bending(normal: Tensor, index: Tensor) -> Tensor:
+    """How the surface bends around each point: the eigenvalues ``(B, N, 3)``, ascending (sum 1), of
+    ``Σ_j n_j n_jᵀ / k`` over the neighbours' normals (``normal`` ``(B, N, 3)`` from
+    :func:`local_geometry`, ``index`` ``(B, N, k)``). Invariant, and blind to the normals' signs:
+    ``(0, 0, 1)`` on a plane, one more non-zero where the surface curves one way (a cylinder, a cone),
+    two where it curves both ways (a sphere) or folds (an edge or a corner of a box or a pyramid)."""
     normals = gather(normal, index)  # (B, N, k, 3)
-    bending = torch.linalg.eigvalsh(normals.transpose(-1, -2) @ normals / index.shape[-1]).clamp_min(0)
-    return Neighbourhoods((mean - points) / scale, extents / scale, normal, bending)
+    return torch.linalg.eigvalsh(normals.transpose(-1, -2) @ normals / index.shape[-1]).clamp_min(0)
 
 
 def principal_axes(points: Tensor) -> tuple[Tensor, Tensor]:

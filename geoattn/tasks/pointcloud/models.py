@@ -17,7 +17,7 @@ from geoattn.errors import ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.models.lm import LMConfig, build_backbone
 from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig, center
-from geoattn.tasks.pointcloud.graph import knn, local_geometry, principal_axes
+from geoattn.tasks.pointcloud.graph import bending, knn, local_geometry, principal_axes
 
 
 class PointTransformer(TaskModel):
@@ -54,7 +54,7 @@ class PointRotorConfig(RotorTransformerConfig):
             6 more scalars.
         normals: also read each point's local surface normal as a vector channel (needs neighbours).
         bending: also read how the surface bends around each point (the eigenvalues of its
-            neighbours' normals' scatter, :func:`~geoattn.tasks.pointcloud.graph.local_geometry`), 3
+            neighbours' normals' scatter, :func:`~geoattn.tasks.pointcloud.graph.bending`), 3
             more scalars (needs neighbours).
     """
 
@@ -126,11 +126,12 @@ class PointRotor(TaskModel):
         scalars = [points.norm(dim=-1, keepdim=True)]  # the radius (B, P, 1)
         vectors = [points]
         if self.config.neighbours:
-            local = local_geometry(points, knn(points, self.config.neighbours))
+            index = knn(points, self.config.neighbours)
+            local = local_geometry(points, index)
             vectors += [local.offset, local.normal] if self.config.normals else [local.offset]
             scalars += [local.offset.norm(dim=-1, keepdim=True), local.extents]  # (B, P, 1), (B, P, 3)
             if self.config.bending:
-                scalars.append(local.bending)  # (B, P, 3)
+                scalars.append(bending(local.normal, index))  # (B, P, 3)
         if self.config.axes:
             distances, spread = principal_axes(points)
             scalars += [distances, spread[:, None].expand_as(distances)]  # (B, P, 3) each
