@@ -57,34 +57,27 @@ class RotorPositionalEncoding(nn.Module):
 
     def action(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
         """The matrix of ``x ↦ R_h(t) x R̃_h(t)``: positions ``(N,)`` / ``(B, N)`` →
-        ``(B|1, H, N, dim, dim)``: for n ≤ 3 ``1 + f₁ L + f₂ L²`` (:meth:`closed_form`), else the
-        sandwich matrix of the exponential (n ≥ 4 has non-simple bivectors)."""
-        if self.algebra.n > 3:
-            return self.algebra.versor_matrix(self.rotors(positions, dtype))
-        generators, f1, f2 = self.closed_form(positions, dtype)
-        eye = torch.eye(self.algebra.dim, dtype=dtype, device=generators.device)
-        L, L2 = generators[:, None].unbind(-3)  # (H, 1, dim, dim) each
-        return eye + f1[..., None, None] * L + f2[..., None, None] * L2
+        ``(B|1, H, N, dim, dim)``.
 
-    def closed_form(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-        """For n ≤ 3: ``R_h(t) x R̃_h(t) = x + f₁(t) L_h x + f₂(t) L_h² x``. Returns ``(L_h, L_h²)`` stacked
-        ``(H, 2, dim, dim)`` and the weights ``f₁, f₂`` ``(B|1, H, N)`` at ``positions``.
-
-        Every bivector is simple for n ≤ 3, and the action is a one-parameter group ``exp(t L_h)``
+        For n ≤ 3 every bivector is simple, and the action is a one-parameter group ``exp(t L_h)``
         whose generator ``L_h x = (B_h x − x B_h) / 2`` satisfies ``L³ = λ L`` with ``λ = B_h²`` (its
         eigenvalues are 0 and ``±sqrt(λ)``: the blades that meet the plane of B_h once turn, the others
         stay). So ``exp(t L) = 1 + t S(t² λ) L + (t²/2) S(t² λ / 4)² L²``, S as in the bivector
         exponential (``sin(tθ)/(tθ)`` for ``λ = −θ²``): two fixed matrices per head and two weights per
-        position, where the sandwich would take geometric products per position. Tested against it in
-        Euclidean, mixed and degenerate signatures."""
+        position, where the sandwich would take geometric products per position (tested against it in
+        Euclidean, mixed and degenerate signatures). For n ≥ 4 (non-simple bivectors) the sandwich
+        matrix of the exponential."""
         ga = self.algebra
+        if ga.n > 3:
+            return ga.versor_matrix(self.rotors(positions, dtype))
         B = self._bivectors(dtype)  # (H, dim)
         L = (ga.left_matrix(B) - ga.right_matrix(B)) / 2  # (H, dim, dim)
         lam = ga.scalar_product(B, B)[None, :, None]  # (1, H, 1)
         t = (positions if positions.dim() == 2 else positions[None]).to(dtype)[:, None, :]  # (B|1, 1, N)
-        f1 = t * cos_sinc(t * t * lam)[1]
+        f1 = t * cos_sinc(t * t * lam)[1]  # (B|1, H, N)
         f2 = t * t / 2 * cos_sinc(t * t * lam / 4)[1] ** 2
-        return torch.stack((L, L @ L), 1), f1, f2
+        eye = torch.eye(ga.dim, dtype=dtype, device=B.device)
+        return eye + f1[..., None, None] * L[:, None] + f2[..., None, None] * (L @ L)[:, None]
 
     def _bivectors(self, dtype: torch.dtype) -> Tensor:
         """The learned ``B_h`` as multivectors ``(H, dim)``."""
