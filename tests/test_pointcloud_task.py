@@ -76,6 +76,24 @@ def test_rotor_logits_invariant_under_e3(options):
     assert (transformer(moved)[0] - transformer(x)[0]).abs().max() > 1e-3  # the baseline is not invariant
 
 
+def test_rotor_with_the_up_axis_is_invariant_only_about_z():
+    """``up`` adds e_z as an input: the logits keep their invariance under rotations about z,
+    reflections in planes through z and translations, and lose it under general rotations."""
+    task = PointCloudTask(PointCloudConfig(**SMALL))
+    torch.manual_seed(0)
+    model = task._build("rotor", SIZES, {"normals": True, "up": True}).double().eval()
+    x, _ = task.evaluation_set("val")
+    x = x[:8]
+    g = torch.Generator().manual_seed(3)
+    about_z = rotations("z", 8, g)
+    about_z[::2, :, 0] *= -1  # half with a reflection in a plane through z (x ↦ −x, then about z)
+    assert torch.allclose(about_z[:, 2], torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64).expand(8, 3))
+    shift = 3.0 * torch.randn(8, 1, 3, generator=g, dtype=torch.float64)
+    logits, _ = model(x)
+    assert (model(rotate(x, about_z) + shift)[0] - logits).abs().max() <= 1e-8
+    assert (model(rotate(x, rotations("so3", 8, g)))[0] - logits).abs().max() > 1e-3
+
+
 def test_rotor_fits_a_batch():
     """Trainability end to end: 40 AdamW steps on one batch of 32 rotated clouds: loss 2.5 → ~1.05."""
     task = PointCloudTask(PointCloudConfig(**SMALL, train_rotation="so3"))

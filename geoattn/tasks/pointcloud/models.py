@@ -56,6 +56,11 @@ class PointRotorConfig(RotorTransformerConfig):
         bending: also read how the surface bends around each point (the eigenvalues of its
             neighbours' normals' scatter, :func:`~geoattn.tasks.pointcloud.graph.bending`), 3
             more scalars (needs neighbours).
+        up: also read the up axis ``e_z`` as a vector channel (the same for every point). This breaks
+            the symmetry on purpose: the logits stay invariant under rotations about z, reflections in
+            planes through z and translations (the symmetry of the z/z protocol, whose clouds keep
+            their heights), not under SO(3). For data with a known up direction; its z/SO(3) number
+            shows what that costs when the direction is lost.
     """
 
     neighbours: int = 16
@@ -63,6 +68,7 @@ class PointRotorConfig(RotorTransformerConfig):
     axes: bool = False
     normals: bool = False
     bending: bool = False
+    up: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -70,7 +76,7 @@ class PointRotorConfig(RotorTransformerConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"PointRotorConfig.{name} must be an integer ≥ 0, got {value!r}")
-        for name in ("axes", "normals", "bending"):
+        for name in ("axes", "normals", "bending", "up"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ConfigError(f"PointRotorConfig.{name} must be true or false, got {value!r}")
@@ -82,9 +88,10 @@ class PointRotorConfig(RotorTransformerConfig):
 def point_inputs(config: PointRotorConfig) -> tuple[int, int]:
     """The rotor model's input widths (vector channels, scalars): the centred point and its radius;
     with neighbours also its neighbours' mean offset, the offset's length and the 3 local extents; with
-    axes 6 more scalars; with normals one more vector channel; with bending 3 more scalars."""
+    axes 6 more scalars; with normals and with up one more vector channel each; with bending 3 more
+    scalars."""
     vectors, scalars = (2, 5) if config.neighbours else (1, 1)
-    return vectors + config.normals, scalars + 6 * config.axes + 3 * config.bending
+    return vectors + config.normals + config.up, scalars + 6 * config.axes + 3 * config.bending
 
 
 class PointRotor(TaskModel):
@@ -101,7 +108,7 @@ class PointRotor(TaskModel):
     ``⟨ā_c, ā_d⟩``: the invariants of the point's vectors relative to the cloud's); pooled by mean and max
     over points, then LayerNorm and an MLP. Every readout number is an O(3) invariant (norms and inner
     products of vectors that rotate and reflect together), so every logit is invariant under rotations,
-    reflections and (by the centring) translations.
+    reflections and (by the centring) translations; with ``up``, under those that keep ``e_z``.
     """
 
     def __init__(self, config: PointRotorConfig, n_classes: int):
@@ -135,6 +142,8 @@ class PointRotor(TaskModel):
         if self.config.axes:
             distances, spread = principal_axes(points)
             scalars += [distances, spread[:, None].expand_as(distances)]  # (B, P, 3) each
+        if self.config.up:
+            vectors.append(points.new_tensor([0.0, 0.0, 1.0]).expand_as(points))  # e_z at every point
         return self.algebra.vector(torch.stack(vectors, 2)), torch.cat(scalars, -1)
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
