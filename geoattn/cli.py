@@ -42,10 +42,11 @@ def _with_machine_header(run):
     """A bench command's ``run``, after the header that says which machine measured it."""
 
     def header_then_run(args: argparse.Namespace) -> int:
-        from geoattn.bench.common import machine_header
+        from geoattn.bench.common import frozen_heap, machine_header
 
         print(machine_header(), flush=True)
-        return run(args)
+        with frozen_heap():  # the per-kernel memory samples collect only the benchmark's own garbage
+            return run(args)
 
     return header_then_run
 

@@ -79,10 +79,12 @@ def _kernel(ga: CliffordAlgebra, row: str, backend: str):
     )
 
 
-def _warm_reference(ga: CliffordAlgebra, rows, H: int, C: int, device: torch.device) -> None:
-    """Run the reference once, forward and backward, at N = 64: large engine calls go through its
-    compiled kernels, whose one-off compilation must not land in a timed run."""
-    q, k, v = (torch.randn(1, H, 64, C, 8, device=device, requires_grad=True) for _ in range(3))
+def _warm_reference(ga: CliffordAlgebra, rows, H: int, C: int, n: int, device: torch.device) -> None:
+    """Run the reference once, forward and backward, at N = n (the caller: 64, or the largest size
+    measured if smaller): large engine calls go through its compiled kernels, whose one-off compilation
+    must not land in a timed run; a warm-up larger than every timed call would compile kernels that
+    none of them uses."""
+    q, k, v = (torch.randn(1, H, n, C, 8, device=device, requires_grad=True) for _ in range(3))
     for row in rows:
         _kernel(ga, row, "reference")(q, k, v).sum().backward()
 
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         "growth of one call in MiB"
     )
     print(memory_note(device))
-    _warm_reference(ga, args.head_types, H, C, device)
+    _warm_reference(ga, args.head_types, H, C, min(64, max(args.sizes)), device)
     for mode in ("forward", "forward+backward"):
         backward = mode == "forward+backward"
         rows = []
