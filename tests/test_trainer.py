@@ -327,3 +327,40 @@ def test_the_fused_optimizer_updates_as_plain_adamw(task, tmp_path, model):
             opt.zero_grad(set_to_none=True)
     for (name, a), b in zip(fused_model.named_parameters(), plain_model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_keep_best_reports_the_weights_validation_chose(task, tmp_path, monkeypatch):
+    """keep_best: the final metrics are those of the evaluation with the lowest validation loss (here
+    scripted: iteration 10 of 5, 10, 15, 20), the last model's beside them as ``*_last``; both checked
+    against the saved weights loaded into a fresh model, and the choice survives a resume."""
+    scripted = iter([3.0, 1.0, 2.0, 1.5])
+    real_evaluate = Trainer.evaluate
+
+    def evaluate(self, eval_iters=None):
+        return {**real_evaluate(self, eval_iters), "val_loss": next(scripted)}
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    out = tmp_path / "run"
+    config = tiny(out, max_iters=10, lr_decay_iters=20, eval_interval=5, keep_best=True)
+    Trainer(config, task, out, verbose=False).train()
+    assert RunDirectory(out).load_trainer_state()["best"] == {"val_loss": 1.0, "iter": 10}
+    trainer = Trainer(tiny(out, max_iters=20, lr_decay_iters=20, eval_interval=5, keep_best=True), task, out,
+                      verbose=False)  # fmt: skip
+    trainer.resume()
+    result = trainer.train()
+    final = result["final"]
+    assert final["best_iter"] == 10
+    for name, loader in (("", dict(best=True)), ("_last", {})):
+        fresh = run_model(task, config)
+        assert RunDirectory(out).load_weights(fresh, **loader) == (10 if name == "" else 20)
+        expected = task.final_metrics(fresh, torch.device("cpu"))
+        for key, value in expected.items():
+            assert final[key + name] == pytest.approx(value, rel=1e-6)
+    assert final["val_loss_full"] != final["val_loss_full_last"]
+    assert "best.safetensors" in {p.name for p in out.iterdir()}
+
+
+def test_without_keep_best_the_final_model_is_reported(task, tmp_path):
+    out = tmp_path / "run"
+    result = Trainer(tiny(out, max_iters=10, eval_interval=5), task, out, verbose=False).train()
+    assert "best_iter" not in result["final"] and not (out / "best.safetensors").exists()

@@ -94,6 +94,12 @@ class TrainConfig:
     eval_interval: int = _opt(250, "evaluate and checkpoint every N steps (and at the last)")
     eval_iters: int = _opt(20, "batches per split per evaluation")
     log_interval: int = _opt(1, "a metrics.jsonl line every N steps (and at every evaluation)")
+    keep_best: bool = _opt(
+        False,
+        "keep the weights of the evaluation with the lowest validation loss (best.safetensors) and "
+        "report the final metrics of those, the last model's beside them with the suffix _last "
+        "(EGNN's protocol: the test set read at the evaluation validation chose)",
+    )
     logger: str = _opt(
         "jsonl",
         "where metrics go: jsonl (metrics.jsonl, always written: resume and the report read it) | "

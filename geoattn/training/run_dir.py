@@ -7,6 +7,7 @@ Files of a run (nothing else in the directory is ever touched):
 | ``config.json`` | at start, with every checkpoint | TrainConfig, the model's config, the task's meta |
 | ``metrics.jsonl`` | every ``log_interval`` steps | one JSON record per line |
 | ``model.safetensors`` + ``trainer_state.pt`` | every evaluation, at the end, on Ctrl-C | the checkpoint |
+| ``best.safetensors`` | at an evaluation with a new lowest validation loss (``keep_best``) | those weights |
 | ``summary.json`` | at the end | the final metrics (full-set ones included), iterations, wall time |
 | ``evaluation.json`` | by ``geoattn experiment`` | the task's evaluation table (``geoattn eval``'s rows) |
 | ``*.png`` | at the end | loss curves, an attention map, the RT precision (what applies) |
@@ -72,13 +73,14 @@ class RunDirectory:
 
     CONFIG = "config.json"
     WEIGHTS = "model.safetensors"
+    BEST = "best.safetensors"
     STATE = "trainer_state.pt"
     METRICS = "metrics.jsonl"
     SUMMARY = "summary.json"
     TENSORBOARD = "tensorboard"  # a folder: TensorBoard event files (geoattn.training.loggers)
     EVALUATION = "evaluation.json"
     PLOTS = ("loss.png", "attention.png", "precision.png")
-    FILES = (CONFIG, WEIGHTS, STATE, METRICS, SUMMARY, EVALUATION, *PLOTS)
+    FILES = (CONFIG, WEIGHTS, BEST, STATE, METRICS, SUMMARY, EVALUATION, *PLOTS)
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -174,11 +176,21 @@ class RunDirectory:
         self._atomic_write(self.STATE, lambda p: torch.save(trainer_state, p))
         self.write_config(config)
 
-    def load_weights(self, model: torch.nn.Module, device: torch.device | str = "cpu") -> int:
-        """Load the weights into ``model`` (strict); returns the iteration they were saved at."""
-        path = self.file(self.WEIGHTS)
+    def save_best(self, model: torch.nn.Module, iteration: int) -> None:
+        """Write ``model``'s weights (unwrapped) as the best so far, from iteration ``iteration``."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        meta = {"iter": str(iteration)}
+        self._atomic_write(self.BEST, lambda p: save_model(model, str(p), metadata=meta))
+
+    def load_weights(
+        self, model: torch.nn.Module, device: torch.device | str = "cpu", *, best: bool = False
+    ) -> int:
+        """Load the weights into ``model`` (strict): the checkpoint's, or with ``best`` those of
+        :meth:`save_best`; returns the iteration they were saved at."""
+        name = self.BEST if best else self.WEIGHTS
+        path = self.file(name)
         if not path.is_file():
-            raise CheckpointError(f"no checkpoint in {self.path}: {self.WEIGHTS} is missing")
+            raise CheckpointError(f"no checkpoint in {self.path}: {name} is missing")
         try:
             with safe_open(str(path), framework="pt") as f:
                 saved_iter = int((f.metadata() or {}).get("iter", -1))

@@ -191,6 +191,9 @@ class Trainer:
         self._segment_start = time.perf_counter()
         self.stop_requested = False
         self._updating = False
+        # keep_best: the lowest validation loss so far and its iteration (best.safetensors)
+        self.best_val = math.inf
+        self.best_iter: int | None = None
         dtype = torch.bfloat16 if config.dtype == "bfloat16" else None
         self._autocast = torch.autocast(self.device.type, dtype=dtype) if dtype is not None else nullcontext()
         check_available(config.logger)  # on every rank, before any of them starts
@@ -248,6 +251,7 @@ class Trainer:
                 "rng": rngs,
                 "world_size": self.env.world_size,
                 "wall_s": self.wall_s(),
+                "best": {"val_loss": self.best_val, "iter": self.best_iter},
             }
             self.run.save_checkpoint(self.model, state, self.run_config())
         barrier(self.env)
@@ -277,6 +281,9 @@ class Trainer:
         self._set_rng_state(rngs[self.env.rank] if self.env.rank < len(rngs) else rngs[0])
         self.iter = int(state["iter"])
         self.wall_before = float(state.get("wall_s", 0.0))
+        best = state.get("best") or {}
+        self.best_val = float(best.get("val_loss", math.inf))
+        self.best_iter = best.get("iter")
         if self.env.is_main:
             self.run.truncate_metrics(self.iter)
 
@@ -343,6 +350,8 @@ class Trainer:
                 evaluated = self.iter % config.eval_interval == 0 or self.iter == config.max_iters
                 if evaluated:
                     record.update(self.evaluate())
+                    if config.keep_best:
+                        self._keep_if_best(record)
                 # the line goes out before the checkpoint: a resume drops lines past its checkpoint
                 if loggers is not None and (self.iter % config.log_interval == 0 or evaluated):
                     loggers.log(record)
@@ -370,7 +379,7 @@ class Trainer:
         result = self.run.last_evaluation() if self.env.is_main else {}
         result.update(iter=self.iter, interrupted=interrupted, wall_s=wall, params=self.model.num_params())
         if self.env.is_main and not interrupted:
-            result["final"] = self.task.final_metrics(self.model, self.device)
+            result["final"] = self._final_metrics()
             result["plots"] = [p.name for p in self._plots()] if config.plots else []
             self.run.write_summary(result)
         if self.stop_requested and not interrupted:
@@ -378,6 +387,31 @@ class Trainer:
             # a caller running several (`geoattn experiment`) stops instead of starting the next
             result["stop_requested"] = True
         return result
+
+    def _keep_if_best(self, record: dict[str, Any]) -> None:
+        """``keep_best``: save the weights when this evaluation's validation loss is the lowest yet."""
+        if "val_loss" not in record:
+            raise ConfigError(f"keep_best needs a validation split; task {self.task.name} has none")
+        if record["val_loss"] < self.best_val:
+            self.best_val, self.best_iter = record["val_loss"], self.iter
+            if self.env.is_main:
+                self.run.save_best(self.model, self.iter)
+
+    def _final_metrics(self) -> dict[str, Any]:
+        """The task's full-set metrics of the final model; with ``keep_best`` those of the weights the
+        validation chose (the model keeps them afterwards), the last model's as ``<name>_last``, and
+        ``best_iter``."""
+        last = self.task.final_metrics(self.model, self.device)
+        if not self.config.keep_best or self.best_iter is None:
+            return last
+        if self.best_iter != self.iter:
+            self.run.load_weights(self.model, self.device, best=True)
+            final = self.task.final_metrics(self.model, self.device)
+        else:
+            final = dict(last)
+        final.update({f"{k}_last": v for k, v in last.items()})
+        final["best_iter"] = self.best_iter
+        return final
 
     def _plot_input(self) -> torch.Tensor:
         """The one validation sample the attention map shows (always the same)."""
