@@ -1,6 +1,8 @@
-"""The ``nbody`` task (GATr's protocol): the simulator and GATr's file format (``simulator``), the networks
-(``models``) and the task (``task``)."""
+"""The ``nbody`` task (GATr's protocol): the simulator and GATr's file format (``simulator``), EGNN's
+charged particles (``charged``), the networks (``models``, and the Clifford message-passing model in
+``clifford``) and the task (``task``)."""
 
+from geoattn.tasks.nbody.clifford import CliffordGNNConfig, NBodyCliffordGNN
 from geoattn.tasks.nbody.models import NBodyRotor, NBodyRotorConfig, NBodyTransformer
 from geoattn.tasks.nbody.simulator import (
     SETS,
@@ -19,6 +21,8 @@ from geoattn.tasks.nbody.simulator import (
 from geoattn.tasks.nbody.task import NBodyTask, equivariance_error
 
 __all__ = [
+    "CliffordGNNConfig",
+    "NBodyCliffordGNN",
     "SETS",
     "SIMULATED_SIZES",
     "NBodyConfig",
