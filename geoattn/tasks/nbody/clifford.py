@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.named import named_algebra
 from geoattn.errors import ConfigError
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
@@ -73,7 +74,7 @@ class CliffordGNNConfig:
 
 
 class CliffordMessageLayer(nn.Module):
-    """One message-passing layer (the module docstring's four lines).
+    """One message-passing layer (the module docstring's four lines) in the algebra ``ga`` (Cl(3)).
 
     forward(h ``(B, n, C, 8)``, s ``(B, n, S)``, geometry ``(B, n, n, 2, 8)``, invariants ``(B, n, n, 4)``)
     → (h, s) of the same shapes.
@@ -82,9 +83,8 @@ class CliffordMessageLayer(nn.Module):
     GEOMETRY_CHANNELS = 2
     INVARIANTS = 4
 
-    def __init__(self, config: CliffordGNNConfig):
+    def __init__(self, config: CliffordGNNConfig, ga: CliffordAlgebra):
         super().__init__()
-        ga = named_algebra("cl3")
         C, S, hidden = config.channels, config.scalars, config.mlp_ratio * config.channels
         self.receiver = EquiLinear(ga, C, C, S, S)
         self.sender = EquiLinear(ga, C, C, S, S, bias=False)
@@ -129,7 +129,7 @@ class NBodyCliffordGNN(TaskModel):
         self.algebra = ga = named_algebra("cl3")
         C, S = config.channels, config.scalars
         self.read_in = EquiLinear(ga, 2, C, 2, S)
-        self.layers = nn.ModuleList(CliffordMessageLayer(config) for _ in range(config.n_layer))
+        self.layers = nn.ModuleList(CliffordMessageLayer(config, ga) for _ in range(config.n_layer))
         self.out_norm = GradeLayerNorm(ga, per_grade=False)
         self.read_out = EquiLinear(ga, C, 1, S, int(config.velocity_output))
         # the prediction starts at "nothing moves" (EGNN starts so too, with its coordinate gates at
