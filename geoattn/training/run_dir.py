@@ -170,17 +170,19 @@ class RunDirectory:
         self, model: torch.nn.Module, trainer_state: dict[str, Any], config: dict[str, Any]
     ) -> None:
         """Write the checkpoint of ``model`` (unwrapped, not DDP) at ``trainer_state["iter"]``."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        meta = {"iter": str(trainer_state["iter"])}
-        self._atomic_write(self.WEIGHTS, lambda p: save_model(model, str(p), metadata=meta))
+        self._save_weights(self.WEIGHTS, model, trainer_state["iter"])
         self._atomic_write(self.STATE, lambda p: torch.save(trainer_state, p))
         self.write_config(config)
 
     def save_best(self, model: torch.nn.Module, iteration: int) -> None:
         """Write ``model``'s weights (unwrapped) as the best so far, from iteration ``iteration``."""
+        self._save_weights(self.BEST, model, iteration)
+
+    def _save_weights(self, name: str, model: torch.nn.Module, iteration: int) -> None:
+        """``model``'s weights into ``name``, the iteration in their metadata (what loading checks)."""
         self.path.mkdir(parents=True, exist_ok=True)
         meta = {"iter": str(iteration)}
-        self._atomic_write(self.BEST, lambda p: save_model(model, str(p), metadata=meta))
+        self._atomic_write(name, lambda p: save_model(model, str(p), metadata=meta))
 
     def load_weights(
         self, model: torch.nn.Module, device: torch.device | str = "cpu", *, best: bool = False

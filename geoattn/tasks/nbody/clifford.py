@@ -34,7 +34,7 @@ from geoattn.errors import ConfigError
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.settings import settings_from
-from geoattn.tasks.nbody.models import _check_inputs, _mse, centroid, mean_over_others, pair_invariants
+from geoattn.tasks.nbody.models import centroid, check_inputs, mean_over_others, pair_invariants, position_mse
 
 
 @dataclass
@@ -138,7 +138,7 @@ class NBodyCliffordGNN(TaskModel):
             nn.init.zeros_(p)
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        _check_inputs(x)
+        check_inputs(x)
         c, position, velocity = x[..., :1], x[..., 1:4], x[..., 4:7]
         ga = self.algebra
         h = ga.vector(torch.stack((position - centroid(position), velocity), 2))  # (B, n, 2, 8)
@@ -154,4 +154,4 @@ class NBodyCliffordGNN(TaskModel):
         prediction = position + ga.vector_part(out[:, :, 0])
         if phi is not None:
             prediction = prediction + phi * velocity
-        return prediction, _mse(prediction, y)
+        return prediction, position_mse(prediction, y)

@@ -40,13 +40,13 @@ class NBodyTransformer(TaskModel):
         self.head = nn.Linear(width, 3)
 
     def _embed(self, x: Tensor) -> Tensor:
-        _check_inputs(x)
+        check_inputs(x)
         m, position, velocity = x[..., :1], x[..., 1:4], x[..., 4:7]
         return self.embed(torch.cat((m, position - centroid(position), velocity), dim=-1))
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         prediction = x[..., 1:4] + self.head(self.backbone(self._embed(x)))
-        return prediction, _mse(prediction, y)
+        return prediction, position_mse(prediction, y)
 
     @torch.no_grad()
     def attention_maps(self, x: Tensor) -> list[Tensor]:
@@ -260,7 +260,7 @@ class NBodyRotor(TaskModel):
         return mv.index_select(-1, self.ideal_index)
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        _check_inputs(x)
+        check_inputs(x)
         m, position, velocity = x[..., :1], x[..., 1:4], x[..., 4:7]
         relative = velocity - velocity.mean(1, keepdim=True)
         vectors = torch.stack((position - centroid(position), velocity, relative), dim=2)  # (B, n, 3, 3)
@@ -280,15 +280,17 @@ class NBodyRotor(TaskModel):
         prediction = position + self.displacement(mv[:, :, 0])
         if self.config.velocity_output:
             prediction = prediction + s[..., :1] * velocity
-        return prediction, _mse(prediction, y)
+        return prediction, position_mse(prediction, y)
 
 
-def _check_inputs(x: Tensor) -> None:
+def check_inputs(x: Tensor) -> None:
+    """ValueError unless ``x`` is ``(B, n, 7)`` = [scalar, position, velocity] per body."""
     if x.dim() != 3 or x.shape[-1] != 7:
         raise ValueError(f"x has shape {tuple(x.shape)}, expected (B, n, 7) = [mass, position, velocity]")
 
 
-def _mse(prediction: Tensor, y: Tensor | None) -> Tensor | None:
+def position_mse(prediction: Tensor, y: Tensor | None) -> Tensor | None:
+    """MSE of the predicted final positions against ``y`` (same shape, else ValueError); None without y."""
     if y is None:
         return None
     if y.shape != prediction.shape:
@@ -395,11 +397,11 @@ class NBodyEGNN(TaskModel):
         )
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        _check_inputs(x)
+        check_inputs(x)
         q, position, velocity = x[..., 0], x[..., 1:4], x[..., 4:7]
         distance2 = ((position[:, :, None] - position[:, None, :]) ** 2).sum(-1)
         edge_attr = torch.stack((q[:, :, None] * q[:, None, :], distance2), -1)  # (B, n, n, 2)
         h = self.embedding(velocity.norm(dim=-1, keepdim=True))
         for layer in self.layers:
             h, position = layer(h, position, velocity, edge_attr)
-        return position, _mse(position, y)
+        return position, position_mse(position, y)
