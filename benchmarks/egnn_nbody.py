@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--train-size", type=int, default=3000, help="EGNN's --max_training_samples")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: EGNN's own CUDA path")
     parser.add_argument("--force", action="store_true", help="overwrite an existing metrics.json")
     args = parser.parse_args(argv)
     command = [sys.executable, sys.argv[0], *(argv if argv is not None else sys.argv[1:])]
@@ -83,10 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         "--max_training_samples", str(args.train_size),
         "--exp_name", f"seed_{args.seed}",
         "--outf", str(out / "logs"),
-        "--no-cuda",
+        *(["--no-cuda"] if args.device == "cpu" else []),
     ]  # fmt: skip
 
     import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda: no CUDA device is available")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -107,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "epochs": epochs,
         "lr": args.lr,
         "seed": args.seed,
+        "device": args.device,
         "command": command,
     }
     model = main_nbody.EGNN_vel(in_node_nf=1, in_edge_nf=2, hidden_nf=64, n_layers=4, recurrent=True)
