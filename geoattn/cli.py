@@ -374,7 +374,7 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from geoattn.experiments import execute, load_spec, plan, rewrite_verdicts, write_report
+    from geoattn.experiments import check_devices, execute, load_spec, plan, rewrite_verdicts, write_report
 
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
@@ -394,6 +394,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         return 0
     failure = None
     if not args.report_only:
+        check_devices(spec, plans)  # before anything runs or is written
         try:
             execute(spec, plans, jobs=args.jobs, print_line=lambda line: print(line, flush=True))
         except UserError as err:  # some runs failed: report the others, then say which

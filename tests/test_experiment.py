@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import SHAKESPEARE
 
 from geoattn.cli import main
@@ -277,6 +278,16 @@ def test_from_results_without_a_report_is_one_line(workdir, capsys):
     assert main(["experiment", "tiny", "--from-results"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has no 'Every seed' table" in err[0]
+
+
+def test_cuda_runs_without_a_gpu_are_one_line_before_anything_is_written(workdir, monkeypatch, capsys):
+    spec = workdir / "experiments" / "tiny.toml"
+    spec.write_text(spec.read_text().replace("plots = false", 'plots = false\ndevice = "cuda"'))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["experiment", "tiny"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "4 runs ask for device cuda and torch sees no CUDA device" in err[0], err
+    assert not (workdir / "results").exists() and not (workdir / "runs").exists()
 
 
 @pytest.mark.parametrize(

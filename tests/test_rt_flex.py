@@ -123,3 +123,30 @@ def test_a_flex_training_step_reads_no_values(aot_eager, monkeypatch):
     monkeypatch.setenv("GEOATTN_DEBUG", "1")
     with pytest.raises(AssertionError, match="a device sync"):
         step()
+
+
+def test_a_compiled_caller_runs_flex_as_its_own_compiled_call(monkeypatch):
+    """A model compiled around `rt_attention` (the trainer's ``--compile``) reaches the flex path as a
+    graph break: FlexAttention then compiles on its own, as the CUDA tests verify it, instead of being
+    lowered inside the caller's graph (there inductor's flex lowering fails: on the CPU with
+    NoValidChoicesError, on an H200 with torch 2.11 too, in `tests/test_cuda.py`). Forward with inductor,
+    the flex row made to serve the CPU."""
+    from geoattn.attention.rt import rt_attention
+
+    rows = tuple(p._replace(can_use=lambda call: None) if p.name == "flex" else p for p in dispatch.PATHS)
+    monkeypatch.setattr(dispatch, "PATHS", rows[:1] + rows[2:])  # reference, flex, chunked
+    monkeypatch.setattr(flex, "_CACHE", {})
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 64, 16, generator=g) for _ in range(3))
+    mu_r, sigma_t2, eta_t2, beta = (torch.full((2,), x) for x in (0.1, 0.2, 1.0, 1.5))
+
+    def f(q, k, v, backend="auto"):
+        params = dict(mu_r=mu_r, sigma_t2=sigma_t2, eta_t2=eta_t2, beta=beta)
+        return rt_attention(q, k, v, **params, causal=True, backend=backend)
+
+    with torch.no_grad():
+        compiled, eager, chunked = torch.compile(f)(q, k, v), f(q, k, v), f(q, k, v, "chunked")
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled, chunked, rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()

@@ -9,7 +9,13 @@
 #    six processes sharing the GPU (the experiment's load): its ms per step picks the budget;
 # 3. `geoattn experiment nbody-clifford-34k` if 34,080 steps fit the time left, else
 #    `nbody-clifford-17k`, six runs at once; stopped at the deadline (unfinished runs keep their
-#    checkpoints). $OUT receives the logs and runs.tgz (run directories and the report).
+#    checkpoints). $OUT receives six files (the device tool returns eight at most): the bench, data and
+#    test logs, the probes' lines, the experiment's log and runs.tgz (run directories and the report).
+#
+# Seen on an H200 (2026-12-04, torch 2.11): the flex and rotor CUDA tests passed; the bench printed no
+# table within its 100 s (it built the native CPU kernel first, then compiles one FlexAttention graph per
+# path and length); six processes ran at 30-40 ms a step (the Clifford model's and EGNN's alike, the CPU
+# cores shared with the compilers of the tests), so 17,040 steps did not finish in the 328 s left.
 set -u
 OUT=${OUT:-/tmp/nbody-long}
 DEADLINE=$((SECONDS + ${BUDGET_S:-560}))
@@ -31,12 +37,13 @@ timeout 240 $py -m pytest -q -p no:cacheprovider tests/test_cuda.py > "$OUT/test
 tests=$!
 probes=()
 for i in $(seq "${PROBES:-6}"); do
-    OMP_NUM_THREADS=2 timeout 200 $py benchmarks/device/clifford_probe.py > "$OUT/probe_$i.txt" 2>&1 &
+    OMP_NUM_THREADS=2 timeout 200 $py benchmarks/device/clifford_probe.py > "/tmp/probe_$i.txt" 2>&1 &
     probes+=($!)
 done
 wait "${probes[@]}"
 wait $data; log "data: exit $? ($(tail -1 "$OUT/data.log"))"
-ms=$(cat "$OUT"/probe_*.txt | sed -n 's/^ms_per_step //p' | sort -g | tail -1)
+grep -h "_s \|ms_per_step" /tmp/probe_*.txt > "$OUT/probes.txt"
+ms=$(sed -n 's/^ms_per_step //p' "$OUT/probes.txt" | sort -g | tail -1)
 log "probe: ms per step of the slowest of six: ${ms:-none}"
 left=$((DEADLINE - SECONDS))
 name=nbody-clifford-17k

@@ -7,10 +7,11 @@ report.py   mean ± std per cell, every seed's number, verdicts by Welch's t-tes
 """
 
 from geoattn.experiments.report import Comparison, aggregate, rewrite_verdicts, verdict, welch, write_report
-from geoattn.experiments.runner import RunPlan, execute, plan
+from geoattn.experiments.runner import RunPlan, check_devices, execute, plan
 from geoattn.experiments.spec import ExperimentSpec, load_spec
 
 __all__ = [
+    "check_devices",
     "ExperimentSpec",
     "load_spec",
     "RunPlan",

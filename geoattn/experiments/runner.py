@@ -224,6 +224,7 @@ def execute(
     todo = [p for p in plans if p.status != "done"]
     total = len(todo)
     failed: list[str] = []
+    check_devices(spec, todo)
 
     def fail(index: int, p: RunPlan, err: UserError) -> None:
         print_line(_line(index, total, p, f"failed: {err}"))
@@ -235,6 +236,19 @@ def execute(
         sys.stdout.flush()
     if failed:
         raise UserError(f"{len(failed)} of {total} runs failed: " + "; ".join(failed))
+
+
+def check_devices(spec: ExperimentSpec, todo: list[RunPlan]) -> None:
+    """A UserError before anything starts when a run to do asks for CUDA and torch sees no GPU (the
+    experiments that ran on a GPU machine say so in their ``[base]``)."""
+    import torch
+
+    wants = [p for p in todo if str(p.config.get("device", "cpu")).startswith("cuda")]
+    if wants and not torch.cuda.is_available():
+        raise UserError(
+            f"{spec.name}: {len(wants)} runs ask for device cuda and torch sees no CUDA device "
+            "(finished runs still report: --report-only)"
+        )
 
 
 def _execute(spec, todo: list[RunPlan], jobs: int, print_line, fail) -> None:
