@@ -76,6 +76,28 @@ def test_rotor_logits_invariant_under_e3(options):
     assert (transformer(moved)[0] - transformer(x)[0]).abs().max() > 1e-3  # the baseline is not invariant
 
 
+def test_local_messages_keep_the_logits_invariant_and_change_them():
+    """`LocalMessages` (with its zero-started output map made random): the logits stay invariant under
+    rotations, reflections and translations in float64, and differ from the model without them."""
+    task = PointCloudTask(PointCloudConfig(**SMALL))
+    torch.manual_seed(0)
+    model = task._build("rotor", SIZES, {"normals": True, "local": 2, "local_k": 5}).double().eval()
+    assert len(model.local) == 2
+    x, _ = task.evaluation_set("val")
+    x = x[:8]
+    before, _ = model(x)
+    for layer in model.local:
+        for p in layer.out.parameters():
+            torch.nn.init.normal_(p, std=0.3)
+    g = torch.Generator().manual_seed(2)
+    moved = rotate(x, random_orthogonal(8, g)) + 3.0 * torch.randn(8, 1, 3, generator=g, dtype=torch.float64)
+    logits, _ = model(x)
+    assert (model(moved)[0] - logits).abs().max() <= 1e-8
+    assert (logits - before).abs().max() > 1e-3  # the messages reach the logits
+    with pytest.raises(ConfigError, match="local = 9"):
+        task._build("rotor", SIZES, {"local": 9})
+
+
 def test_rotor_with_the_up_axis_is_invariant_only_about_z():
     """``up`` adds e_z as an input: the logits keep their invariance under rotations about z,
     reflections in planes through z and translations, and lose it under general rotations."""

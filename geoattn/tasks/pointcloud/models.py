@@ -14,10 +14,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geoattn.errors import ConfigError
+from geoattn.layers.multivector import EquiLinear, GradeLayerNorm
 from geoattn.models.base import TaskModel
 from geoattn.models.lm import LMConfig, build_backbone
 from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig, center
-from geoattn.tasks.pointcloud.graph import bending, knn, local_geometry, principal_axes
+from geoattn.tasks.pointcloud.graph import bending, gather, knn, local_geometry, principal_axes
 
 
 class PointTransformer(TaskModel):
@@ -61,6 +62,9 @@ class PointRotorConfig(RotorTransformerConfig):
             planes through z and translations (the symmetry of the z/z protocol, whose clouds keep
             their heights), not under SO(3). For data with a known up direction; its z/SO(3) number
             shows what that costs when the direction is lost.
+        local: before each of the first ``local`` blocks, a :class:`LocalMessages` layer over each
+            point's ``local_k`` nearest points (DGCNN's EdgeConv made equivariant; 0: none).
+        local_k: neighbours of the local messages (DGCNN's k = 10).
     """
 
     neighbours: int = 16
@@ -69,10 +73,12 @@ class PointRotorConfig(RotorTransformerConfig):
     normals: bool = False
     bending: bool = False
     up: bool = False
+    local: int = 0
+    local_k: int = 10
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("neighbours", "readout"):
+        for name in ("neighbours", "readout", "local", "local_k"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"PointRotorConfig.{name} must be an integer ≥ 0, got {value!r}")
@@ -83,6 +89,60 @@ class PointRotorConfig(RotorTransformerConfig):
         for name in ("normals", "bending"):
             if getattr(self, name) and not self.neighbours:
                 raise ConfigError(f"PointRotorConfig.{name} needs neighbours > 0 (it comes from the kNN)")
+        if self.local > self.n_layer:
+            raise ConfigError(f"PointRotorConfig.local = {self.local}: more than its {self.n_layer} blocks")
+        if self.local and self.local_k < 2:
+            raise ConfigError(f"PointRotorConfig.local_k must be ≥ 2 with local messages, got {self.local_k}")
+
+
+class LocalMessages(nn.Module):
+    """DGCNN's EdgeConv made O(3)-equivariant, between two rotor blocks: each point gathers messages
+    from its k nearest points (in space, fixed per cloud) and adds their aggregate to its channels.
+
+    Multivectors: a linear map of ``[x_i, mean_j x_j]`` (an equivariant linear edge message
+    ``L(x_i, x_j − x_i)`` averaged over j is exactly this, computed per point instead of per edge).
+    Scalars, EdgeConv's max: ``max_j GELU(t_i + u(s_j) + w(|p_j − p_i|_c))`` with ``t_i`` from
+    ``s_i`` and the scalar grades of ``[x_i, mean_j x_j]``, ``p = P x`` an equivariant linear map to
+    ``PROBES`` channels (the edge lengths cost k·PROBES multivectors per point, not k·C), ``|·|_c`` the
+    per-channel blade-coefficient norms (invariant), u and w linear. An output :class:`EquiLinear`,
+    zero at the start, maps both onto the point's channels (the layer starts as the identity).
+
+    forward(x ``(B, N, C, dim)``, s ``(B, N, S)``, index ``(B, N, k)``, mean ``(B, N, N)``: the
+    neighbour-averaging matrix of ``index``, :func:`neighbour_mean`) → the same shapes.
+    """
+
+    PROBES = 4
+
+    def __init__(self, algebra, channels: int, scalars: int):
+        super().__init__()
+        C, S = channels, scalars
+        self.norm = GradeLayerNorm(algebra, per_grade=False)
+        self.snorm = nn.LayerNorm(S)
+        self.point = EquiLinear(algebra, 2 * C, C, S, S)
+        self.probe = EquiLinear(algebra, C, self.PROBES, bias=False)
+        self.neighbour = nn.Linear(S, S, bias=False)
+        self.size = nn.Linear(self.PROBES, S, bias=False)
+        self.out = EquiLinear(algebra, C, C, S, S)
+        for p in self.out.parameters():
+            nn.init.zeros_(p)
+
+    def forward(self, x: Tensor, s: Tensor, index: Tensor, mean: Tensor) -> tuple[Tensor, Tensor]:
+        xn, sn = self.norm(x), self.snorm(s)
+        p, _ = self.probe(xn)  # (B, N, PROBES, dim)
+        size = (gather(p, index) - p[:, :, None]).square().sum(-1).clamp_min(1e-12).sqrt()  # (B, N, k, P)
+        x_mean = (mean @ xn.flatten(2)).view_as(xn)  # mean_j x_j, one GEMM (a gather's backward is slow)
+        m, t = self.point(torch.cat((xn, x_mean), -2), sn)  # (B, N, C, dim), (B, N, S)
+        t = t[:, :, None] + gather(self.neighbour(sn), index) + self.size(size)  # (B, N, k, S)
+        dx, ds = self.out(m, F.gelu(t).amax(2))
+        return x + dx, s + ds
+
+
+def neighbour_mean(index: Tensor, n: int, dtype: torch.dtype) -> Tensor:
+    """``(B, n, n)`` with ``1/k`` at ``[b, i, index[b, i, j]]``: ``M @ f`` averages each point's neighbours'
+    features (``index (B, n, k)`` from :func:`knn`)."""
+    B, _, k = index.shape
+    mean = torch.zeros(B, n, n, dtype=dtype, device=index.device)
+    return mean.scatter_(2, index, 1.0 / k)
 
 
 def point_inputs(config: PointRotorConfig) -> tuple[int, int]:
@@ -116,6 +176,9 @@ class PointRotor(TaskModel):
         self.config = config
         self.model = RotorTransformer(config)
         self.algebra = self.model.algebra
+        self.local = nn.ModuleList(
+            LocalMessages(self.algebra, config.channels, config.scalars) for _ in range(config.local)
+        )
         C = config.out_channels
         self.register_buffer("pairs", torch.triu_indices(2 * C, 2 * C), persistent=False)
         features = 2 * (config.out_scalars + C + self.pairs.shape[1])  # mean and max of each
@@ -148,7 +211,16 @@ class PointRotor(TaskModel):
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         check_points(x)
-        mv, scalars = self.model(*self.inputs(center(x)))  # (B, P, C, dim), (B, P, S)
+        points = center(x)
+        before_block = None
+        if self.config.local:
+            index = knn(points, self.config.local_k)  # (B, P, k)
+            mean = neighbour_mean(index, points.shape[1], points.dtype)  # (B, P, P)
+
+            def before_block(layer: int, h: Tensor, s: Tensor) -> tuple[Tensor, Tensor]:
+                return self.local[layer](h, s, index, mean) if layer < len(self.local) else (h, s)
+
+        mv, scalars = self.model(*self.inputs(points), before_block=before_block)  # (B, P, C, dim), (B, P, S)
         # blade-coefficient norms: versors act orthogonally on Cl(3), so they are invariant
         norms = (mv * mv).sum(-1).clamp_min(1e-12).sqrt()  # (B, P, C)
         vectors = self.algebra.vector_part(mv)  # (B, P, C, 3)
