@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_rt_flex import _call, _leaves
 
 import geoattn.compile
 from geoattn.algebra.named import named_algebra
-from geoattn.algebra.rotation import rope_frequencies
 from geoattn.attention.rotor_kernel import rotor_attention
 from geoattn.attention.rt import dispatch
-from geoattn.attention.rt.params import Call
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)")
 
@@ -32,32 +31,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
-def _rt_leaves(b: int, h: int, n: int, d: int, seed: int = 0) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """float64 CPU leaves of an RT call: ``qkv (b, n, 3, h, d)`` with keys of varying magnitude, a metric,
-    ω, the four per-head parameters; irregular ``times (b, n)``."""
-    g = torch.Generator().manual_seed(seed)
-    qkv = torch.randn(b, n, 3, h, d, generator=g, dtype=F64)
-    qkv[:, :, 1] *= 0.3 + 3 * torch.rand(b, n, 1, 1, generator=g, dtype=F64)
-    leaves = {
-        "qkv": qkv,
-        "metric": 0.5 + torch.rand(h, d, generator=g, dtype=F64),
-        "omega": 0.3 * rope_frequencies(d, h).to(F64),
-        "mu_r": torch.linspace(0.05, 0.4, h, dtype=F64),
-        "sigma_t2": torch.linspace(0.1, 0.3, h, dtype=F64),
-        "eta_t2": torch.linspace(0.5, 2.0, h, dtype=F64),
-        "beta": torch.linspace(1.0, 2.5, h, dtype=F64),
-    }
-    times = torch.cumsum(0.1 + 1.5 * torch.rand(b, n, generator=g, dtype=F64), -1)
-    return leaves, times
-
-
 def _rt_run(leaves, times, causal, backend, device, dtype):
-    """Output and every leaf's gradient of one RT call on ``device`` in ``dtype`` (float64 CPU results)."""
-    leaves = {k: v.to(device, dtype).requires_grad_() for k, v in leaves.items()}
+    """Output and every leaf's gradient of one RT call (`test_rt_flex`'s leaves) on ``device`` in
+    ``dtype``."""
+    leaves = {k: v.detach().to(device, dtype).requires_grad_() for k, v in leaves.items()}
     times = None if times is None else times.to(device, dtype)
-    params = tuple(leaves[name] for name in ("mu_r", "sigma_t2", "eta_t2", "beta"))
-    qkv, metric, omega = leaves["qkv"], leaves["metric"], leaves["omega"]
-    call = Call(qkv, metric, 1.3, params, omega, times, causal, True, backend, False)
+    call = _call(leaves, times, causal, backend)
     path = dispatch.choose(call)
     out = path.run(call)[0]
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64).to(device, dtype)
@@ -70,7 +49,7 @@ def _rt_run(leaves, times, causal, backend, device, dtype):
 def test_flex_on_cuda_matches_reference(causal, times):
     """auto → FlexAttention compiled by inductor on the GPU (300 tokens: blocks of 128 and a partial one),
     float32, values and every gradient against the float64 reference on the CPU."""
-    leaves, t = _rt_leaves(b=2, h=2, n=300, d=16)
+    leaves, t = _leaves(b=2, h=2, n=300, d=16)
     t = None if times == "default" else t
     name, out, grads = _rt_run(leaves, t, causal, "auto", CUDA, torch.float32)
     assert name == "flex"
