@@ -584,3 +584,7 @@ def test_bench_entry_point_tiny(capsys):
                  "reference/auto", "auto min / med / max", "1 threads"):  # fmt: skip
         assert text in out
     assert cli_main(["bench", "rotor", "--sizes", "0"]) == 2  # a ValueError, reported as a usage error
+    assert cli_main([*args, "--head-types", "compose", "--threads", "1", "--profile"]) == 0
+    out = capsys.readouterr().out
+    for text in ("profile: N = 8, compose, auto, forward+backward", "N = 8, compose, SDPA", "self ms"):
+        assert text in out

@@ -7,7 +7,8 @@ is a rotation head with ``aggregation="compose"`` (docs/concepts/rotors.md#compo
 round-robin (one call of each in turn, so both see the same load on a shared machine): min / median / max over
 ``--repeats`` calls after a warm-up, the ratio of the medians, and the peak memory growth of one call.
 The reference (at most two calls, ratio reference/auto) is skipped where its pairwise tensors would
-be too large or slow, and the cell says why.
+be too large or slow, and the cell says why. ``--profile`` adds, per N and head type, the operators
+with the most self time in one forward+backward of auto and of SDPA (`torch.profiler`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from geoattn.bench.common import (
     median_time,
     memory_note,
     ms,
+    operator_table,
     peak_memory_bytes,
+    profile_events,
     spread,
     threads_note,
 )
@@ -56,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--clock", default="wall", choices=sorted(CLOCKS), help="wall time or this process's CPU time"
     )
     parser.add_argument("--device", default="cpu", help="torch device")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print a torch.profiler breakdown of one forward+backward of auto and of SDPA, per N and "
+        "head type",
+    )
 
 
 def _step(fn, inputs, backward: bool):
@@ -114,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(memory_note(device))
     _warm_reference(ga, args.head_types, H, C, min(64, max(args.sizes)), device)
+    profiles = []
     for mode in ("forward", "forward+backward"):
         backward = mode == "forward+backward"
         rows = []
@@ -130,6 +140,11 @@ def run(args: argparse.Namespace) -> int:
                     "auto": _step(_kernel(ga, row, "auto"), [q, k, v], backward),
                 }
                 times = interleaved_times(steps, repeats=args.repeats, warmup=1, clock=args.clock)
+                if args.profile and backward:
+                    for name, step in (("auto", steps["auto"]), ("SDPA", steps["sdpa"])):
+                        table = operator_table(profile_events(step), 3, top=10)
+                        profiles.append(f"profile: N = {n}, {row}, {name}, forward+backward (ms per call, "
+                                        f"profiler overhead included)\n{table}")  # fmt: skip
                 sdpa_s, auto_s = (statistics.median(times[key]) for key in ("sdpa", "auto"))
                 sdpa_mb = _memory_mib(F.scaled_dot_product_attention, flat, backward)
                 auto_mb = _memory_mib(_kernel(ga, row, "auto"), [q, k, v], backward)
@@ -150,4 +165,6 @@ def run(args: argparse.Namespace) -> int:
                    "reference/auto", "SDPA MiB", "auto MiB", "reference MiB"]  # fmt: skip
         print(f"\n{mode}\n")
         print(format_table(headers, rows))
+    for profile in profiles:
+        print("\n" + profile)
     return 0
