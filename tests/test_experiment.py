@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import SHAKESPEARE
 
+from geoattn.bench.common import cpu_isa, cpu_model
 from geoattn.cli import main
 from geoattn.errors import CheckpointError
 from geoattn.experiments import execute, load_spec, plan
@@ -83,6 +84,7 @@ def test_dry_run_lists_every_run_then_skips_finished_ones(workdir, capsys):
     assert out.count(": done") == 4 and "[4/4]" in out
     report = (workdir / "results" / "tiny.md").read_text()
     assert "rt, no noise − transformer on val_loss_full" in report and "(n=2)" in report
+    assert f"({cpu_model()}, {cpu_isa()})" in report  # the CPU behind the report's walls
     assert (workdir / "results" / "tiny_val_loss_full.png").read_bytes()[:4] == b"\x89PNG"
     assert (workdir / "results" / "tiny_val_loss.png").exists()  # the context-length curve
     before = {p: p.stat().st_mtime_ns for p in (workdir / "runs").rglob("model.safetensors")}

@@ -218,6 +218,8 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
     """``results/NAME.md`` (tables, verdicts, every seed) and ``results/NAME_*.png``; returns the .md."""
     import torch
 
+    from geoattn.bench.common import cpu_isa, cpu_model
+
     results.mkdir(parents=True, exist_ok=True)
     table = aggregate(spec, plans)
     finished = sum(1 for p in plans if run_values(p.out).get("iter") == p.config["max_iters"])
@@ -228,8 +230,8 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
         f"Command: `geoattn experiment {spec.name}` (definition: `{spec.path.as_posix()}`; runs in "
         f"`{runs.as_posix()}/`, shared with other experiments where the settings agree). "
         f"{finished} of {len(plans)} runs finished; seeds {spec.seeds}.",
-        f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.machine()}, "
-        f"{_cpus()} CPU cores, torch {torch.__version__}.",
+        f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.machine()} ({cpu_model()}, "
+        f"{cpu_isa()}), {_cpus()} CPU cores, torch {torch.__version__}.",
         "",
         "## Mean ± std over seeds",
         "",
