@@ -102,7 +102,7 @@ def test_rotor_attention_on_cuda_matches_cpu(head_type, aggregation, monkeypatch
 
 
 def test_nbody_clifford_compiled_step_on_cuda():
-    """The step `nbody-clifford-34k` trains: the Clifford model compiled on the GPU gives the eager
+    """The step `nbody-clifford-17k` trains: the Clifford model compiled on the GPU gives the eager
     model's loss and gradients (float32)."""
     from geoattn.tasks.nbody import CliffordGNNConfig, NBodyCliffordGNN
 

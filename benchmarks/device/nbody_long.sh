@@ -1,26 +1,22 @@
 #!/usr/bin/env bash
-# One session on a machine with a CUDA GPU (16 CPU cores): what only a GPU can check, then the longest
-# n-body budget that fits. From the repository root, with EGNN's checkout at peers/egnn:
+# One session on a machine with a CUDA GPU (16 CPU cores): what only a GPU can check, then the charged
+# n-body set at 2x the CPU budget. From the repository root, with EGNN's checkout at peers/egnn:
 #
 #     OUT=/tmp/out bash benchmarks/device/nbody_long.sh
 #
 # 1. the CUDA tests (tests/test_cuda.py, at most 150 s) while `geoattn data make nbody-charged` writes
 #    the files on one core;
-# 2. a probe of the Clifford model's compiled step, six processes sharing the GPU (the experiment's
-#    load, nothing else running): its ms per step picks the budget, and its compilation fills the cache
-#    the experiment's runs then read;
-# 3. `geoattn experiment nbody-clifford-34k` if 34,080 steps fit the time left, else
-#    `nbody-clifford-17k`, six runs at once; stopped at the deadline (unfinished runs keep their
-#    checkpoints);
-# 4. `geoattn bench attention` on the GPU with what time is left.
-# $OUT receives six files (the device tool returns eight at most): the test, data, probe, experiment and
-# bench logs and runs.tgz (the run directories and the report).
+# 2. `geoattn experiment nbody-clifford-17k --jobs 6`, six runs at once with nothing else beside them,
+#    stopped at the deadline (unfinished runs keep their checkpoints);
+# 3. `geoattn bench attention` on the GPU with what time is left.
+# $OUT receives five files (the device tool returns eight at most): the test, data, experiment and bench
+# logs and runs.tgz (the run directories and the report).
 #
-# Seen on an H200 (2026-12-04, torch 2.11, an earlier order: bench, then tests, probes and the
-# experiment all at once): the flex and rotor CUDA tests passed; the bench printed no table within its
-# 100 s (it built the native CPU kernel, then compiles one FlexAttention graph per path and length); six
-# runs went at 30-40 ms a step (the Clifford model's and EGNN's alike) beside the tests' compilers, so
-# 17,040 steps did not finish in the 328 s left.
+# Seen on an H200 (2026-12-04, torch 2.11, an earlier order: bench, then tests and the experiment at
+# once): the flex and rotor CUDA tests passed; the bench printed no table within its 100 s (it built the
+# native CPU kernel, then compiles one FlexAttention graph per path and length); six runs went at 30-40
+# ms a step (the Clifford model's and EGNN's alike) beside the tests' compilers, so 17,040 steps did not
+# finish in the 328 s left.
 set -u
 OUT=${OUT:-/tmp/nbody-long}
 DEADLINE=$((SECONDS + ${BUDGET_S:-560}))
@@ -37,20 +33,8 @@ timeout 150 $py -m pytest -q -p no:cacheprovider -p no:logging tests/test_cuda.p
 log "tests: exit $? ($(tail -1 "$OUT/test_cuda.txt"))"
 wait $data; log "data: exit $? ($(tail -1 "$OUT/data.log"))"
 
-probes=()
-for i in $(seq "${PROBES:-6}"); do
-    OMP_NUM_THREADS=2 timeout 150 $py benchmarks/device/clifford_probe.py > "/tmp/probe_$i.txt" 2>&1 &
-    probes+=($!)
-done
-wait "${probes[@]}"
-grep -h "_s \|ms_per_step" /tmp/probe_*.txt > "$OUT/probes.txt"
-ms=$(sed -n 's/^ms_per_step //p' "$OUT/probes.txt" | sort -g | tail -1)
-log "probe: ms per step of the slowest of six: ${ms:-none}"
 left=$((DEADLINE - SECONDS - 60))
 name=nbody-clifford-17k
-if [ -n "$ms" ] && $py -c "import sys; sys.exit(not ($ms * 34080 * 1.3 / 1000 + 60 < $left))"; then
-    name=nbody-clifford-34k
-fi
 log "running $name with $left s left"
 timeout -k 15 $left $py -m geoattn experiment $name --jobs 6 > "$OUT/experiment.txt" 2>&1
 log "experiment: exit $?"
