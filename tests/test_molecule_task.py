@@ -85,6 +85,47 @@ def test_forces_are_the_negative_energy_gradient(water):
         torch.testing.assert_close(forces[:, atom, axis], numeric, rtol=1e-5, atol=1e-6)
 
 
+def test_environment_over_unordered_pairs_equals_the_sum_over_every_ordered_pair():
+    """The environment sums each unordered pair once, for both atoms; the dense form over all N² ordered
+    pairs (written here from the docstring's equations) must give the same scalars, vectors and every
+    parameter gradient of a force loss (the double backward training runs), in float64."""
+    from geoattn.tasks.molecule.models import AtomEnvironment, bessel_basis
+
+    torch.manual_seed(0)
+    env = AtomEnvironment(n_types=3, scalars=8, vectors=2, cutoff=2.5, n_rbf=4, interactions=2).double()
+    positions = 1.2 * torch.randn(3, 7, 3, dtype=torch.float64)  # some pairs beyond the cut-off
+    types = torch.randint(0, 3, (3, 7))
+
+    def dense(x):
+        rel = x[:, None, :, :] - x[:, :, None, :]  # r_ij = x_j − x_i
+        off = ~torch.eye(x.shape[1], dtype=torch.bool)
+        dist = torch.sqrt((rel * rel).sum(-1) + (~off).double())
+        basis, envelope = bessel_basis(dist, env.cutoff, env.n_rbf)
+        envelope = envelope * off[..., None].double()
+        h = env.embed(types).double()
+        for filt, inp, update in zip(env.filters, env.inputs, env.updates):
+            h = h + update(torch.einsum("bijs,bjs->bis", filt(basis, envelope), inp(h)))
+        u = env.vector_filter(basis, envelope)
+        return h, torch.einsum("bijv,bjv,bijx->bivx", u, env.vector_gate(h), rel)
+
+    def force_loss(fn):
+        x = positions.clone().requires_grad_(True)
+        h, v = fn(x)
+        energy = h.pow(2).sum() + (v * v).sum().sqrt()
+        (force,) = torch.autograd.grad(energy, x, create_graph=True)
+        loss = force.pow(2).sum()
+        return h, v, torch.autograd.grad(loss, list(env.parameters()), allow_unused=True)
+
+    h, v, grads = force_loss(lambda x: env(x, types))
+    h_ref, v_ref, grads_ref = force_loss(dense)
+    assert (positions[:, :, None] - positions[:, None]).norm(dim=-1).max() > env.cutoff
+    torch.testing.assert_close(h, h_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(v, v_ref, rtol=1e-12, atol=1e-12)
+    assert v.abs().max() > 1e-2
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-12)
+
+
 def test_energy_invariant_and_forces_equivariant_under_e3(water):
     model = _model(water).double().eval()
     x, _ = water.split("val", torch.float64)
