@@ -5,7 +5,7 @@ same code is held to the reference by the CPU tests (`tests/test_rt_flex.py` tra
 forward and backward with ``aot_eager`` and compiles its forward with inductor;
 `tests/test_rotor_attention.py` compiles the rotor block kernels). On a GPU these compile with inductor
 to Triton kernels, which only a GPU runs: ``pytest tests/test_cuda.py`` there
-(`benchmarks/device/nbody_long.sh` does).
+(`benchmarks/device/cuda_checks.sh` does).
 """
 
 from __future__ import annotations
