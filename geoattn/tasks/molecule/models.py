@@ -13,7 +13,7 @@ local environment; the transformer then attends over the whole molecule.
 The embedding uses a smooth cut-off (Bessel basis × polynomial envelope, as DimeNet and MACE) so the
 energy is smooth; attention is global: MD17 molecules have ≤ 21 atoms, so a neighbour list would not
 pay. The embedding runs over the N(N − 1)/2 unordered pairs (its filters are symmetric in the two
-atoms, the relative vectors antisymmetric): 26 % off the aspirin training step against all N² ordered
+atoms, the relative vectors antisymmetric): 22 % off the aspirin training step against all N² ordered
 pairs (`geoattn bench step --task molecule`).
 """
 
