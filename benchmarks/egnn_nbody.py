@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="directory for metrics.json and EGNN's logs")
     parser.add_argument("--steps", type=int, default=3000, help="optimiser steps (batch 100: 30 per epoch)")
     parser.add_argument("--lr", type=float, default=5e-4, help="EGNN's --lr (its default 5e-4)")
+    parser.add_argument(
+        "--weight-decay", type=float, default=1e-12, help="EGNN's --weight_decay (Adam's L2 term; 1e-12)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--train-size", type=int, default=3000, help="EGNN's --max_training_samples")
     parser.add_argument("--threads", type=int, default=1)
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         "main_nbody.py",
         "--epochs", str(epochs),
         "--lr", str(args.lr),
+        "--weight_decay", str(args.weight_decay),
         "--max_training_samples", str(args.train_size),
         "--exp_name", f"seed_{args.seed}",
         "--outf", str(out / "logs"),
@@ -110,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "epochs": epochs,
         "lr": args.lr,
+        "weight_decay": args.weight_decay,
         "seed": args.seed,
         "device": args.device,
         "command": command,
