@@ -14,7 +14,9 @@ the same code as the rotor model's (``mae_metrics``).
 * ``schnet``: SchNetPack 2.0's ``AtomisticTask`` + PyTorch Lightning on an ASE database of the same
   frames with our split file; SchNetPack's MD17 experiment (cut-off 5 Å, 20 Gaussians, AdamW lr 1e-3,
   batch 10, weights 0.01/0.99, ReduceLROnPlateau) with a smaller SchNet (``--schnet-width``,
-  ``--schnet-interactions``; published: 128 wide, 6 interactions).
+  ``--schnet-interactions``; published: 128 wide, 6 interactions); evaluated, as SchNetPack's own
+  ``spktrain`` tests, at its best validation epoch (its checkpoint on ``val_loss``, validated every
+  epoch), as MACE's runner reads mace-torch's best checkpoint.
 """
 
 from __future__ import annotations
@@ -269,12 +271,15 @@ def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: 
         scheduler_monitor="val_loss",
     )
     pl.seed_everything(args.seed, workers=True)
+    # SchNetPack's spktrain keeps the model of the lowest validation loss and tests that one
+    # (its callbacks/checkpoint.yaml, trainer.test(ckpt_path="best")): so do we
+    best = pl.callbacks.ModelCheckpoint(dirpath=str(out / "checkpoints"), monitor="val_loss", mode="min")
     trainer = pl.Trainer(
         max_epochs=epochs,
         accelerator="cpu",
         devices=1,
         logger=False,
-        enable_checkpointing=False,
+        callbacks=[best],
         enable_progress_bar=False,
         enable_model_summary=False,
         inference_mode=False,  # forces are gradients: validation needs autograd
@@ -284,6 +289,11 @@ def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: 
     with contextlib.chdir(out):
         trainer.fit(atomistic, datamodule=module)
     wall = time.perf_counter() - start
+    if not best.best_model_path:
+        raise SystemExit(f"molecule_peers: SchNet saved no checkpoint in {out / 'checkpoints'}")
+    checkpoint = torch.load(best.best_model_path, map_location="cpu", weights_only=False)
+    atomistic.load_state_dict(checkpoint["state_dict"])
+    best_epoch = int(checkpoint["epoch"]) + 1  # Lightning counts epochs from 0
     model.eval()
     n = len(t.atomic_numbers)
     predictions = {}
@@ -302,6 +312,7 @@ def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: 
         "params": sum(p.numel() for p in model.parameters()),
         "wall_s": wall,
         "epochs": epochs,
+        "best_epoch": best_epoch,
         **{f"{s}_{k}": v for s, metrics in predictions.items() for k, v in metrics.items()},
     }
 

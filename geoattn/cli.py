@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import os
 import sys
@@ -361,6 +362,12 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", help="experiment name (experiments/NAME.toml) or a path to such a file")
     p.add_argument("--dry-run", action="store_true", help="list the runs and what would happen to each")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (worker processes); default 1")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads per run (default: the CPU's cores / --jobs; 1 when other work shares the machine)",
+    )
     p.add_argument("--runs", default="runs/experiments", help="where the run directories live")
     p.add_argument("--results", default="results", help="where the report and plots go")
     p.add_argument("--report-only", action="store_true", help="aggregate what is finished, run nothing")
@@ -378,6 +385,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
     spec = load_spec(args.name)
     if args.from_results:
         print(f"wrote {rewrite_verdicts(spec, Path(args.results))}")
@@ -396,7 +405,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if not args.report_only:
         check_devices(spec, plans)  # before anything runs or is written
         try:
-            execute(spec, plans, jobs=args.jobs, print_line=lambda line: print(line, flush=True))
+            show = functools.partial(print, flush=True)
+            execute(spec, plans, jobs=args.jobs, threads=args.threads, print_line=show)
         except UserError as err:  # some runs failed: report the others, then say which
             failure = err
         plans = plan(spec, runs)

@@ -15,7 +15,7 @@ from conftest import SHAKESPEARE
 from geoattn.bench.common import cpu_isa, cpu_model
 from geoattn.cli import main
 from geoattn.errors import CheckpointError
-from geoattn.experiments import execute, load_spec, plan
+from geoattn.experiments import execute, load_spec, plan, runner
 from geoattn.experiments.report import EVERY_SEED, VERDICT_RULE, Stat, compare, verdict, welch
 from geoattn.training.config import TrainConfig
 from geoattn.training.run_dir import RunDirectory
@@ -370,3 +370,24 @@ def test_rt_predictions_changes_one_setting_at_a_time():
     ingredients = {"model.magnitude_precision", "model.qkv_norm", "model.tangent_correction"}
     assert changed == {"transformer": ingredients, "rt": ingredients | {"model.process_noise"}}
     assert {c for e in spec.compare for c in (e["a"], e["b"])} == set(cells)  # no cell without a verdict
+
+
+def test_threads_per_run_are_the_users_choice(workdir, monkeypatch, capsys):
+    """`--threads N` reaches every run (other work on the machine: fewer threads than cores / jobs);
+    a bad value is one line and exit code 2."""
+    assert main(["experiment", "tiny", "--threads", "0"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--threads" in err
+    seen, real = [], runner.run_one
+
+    def spy(config, evaluate, threads=None, stop_file=None):
+        seen.append(threads)
+        return real(config, evaluate, threads, stop_file)
+
+    monkeypatch.setattr(runner, "run_one", spy)
+    before = torch.get_num_threads()
+    try:
+        assert main(["experiment", "tiny", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 1, 1, 1]

@@ -313,14 +313,17 @@ def test_mean_predictor_baseline_is_the_training_mean_and_zero_forces(water):
 
 def test_peer_command_writes_metrics_with_the_grid_lr_and_the_baseline(water_file, tmp_path):
     """`benchmarks/molecule_peers.py` as an experiment's peer cell: SchNet at the given rate writes
-    metrics.json with the MAEs and the mean predictor's beside them; a second run refuses to overwrite."""
+    metrics.json with the MAEs and the mean predictor's beside them, read at its best validation epoch
+    (as SchNetPack's spktrain tests); a second run refuses to overwrite."""
     runners = peers()
     out = tmp_path / "run"
-    argv = ["--model", "schnet", "--data", str(water_file), "--out", str(out), "--epochs", "1"]
+    argv = ["--model", "schnet", "--data", str(water_file), "--out", str(out), "--epochs", "3"]
     argv += ["--lr", "3e-3", "--n-train", "6", "--n-val", "3", "--schnet-width", "16"]
     assert runners.main(argv) == 0
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["lr"] == 3e-3 and metrics["epochs"] == 1
+    assert metrics["lr"] == 3e-3 and metrics["epochs"] == 3
+    (kept,) = (out / "schnet" / "checkpoints").glob("*.ckpt")  # one: the lowest validation loss's
+    assert torch.load(kept, weights_only=False)["epoch"] + 1 == metrics["best_epoch"] in (1, 2, 3)
     for key in ("val_force_mae_mev", "test_energy_mae_mev", "val_baseline_energy_mae_mev"):
         assert np.isfinite(metrics[key]) and metrics[key] > 0, key
     assert runners.main(argv) == 2  # metrics.json exists: nothing overwritten

@@ -214,10 +214,13 @@ def execute(
     plans: list[RunPlan],
     *,
     jobs: int = 1,
+    threads: int | None = None,
     print_line: Callable[[str], None] = print,
 ) -> None:
     """Run every plan that is not done: in this process (``jobs=1``) or in ``jobs`` worker
-    processes with ``cpu_count // jobs`` threads each. One progress line per run.
+    processes, each run with ``threads`` threads (default ``cpu_count // jobs``: fewer when other
+    work shares the machine, since oversubscribed threads slow every process on it). One progress
+    line per run.
 
     A run that fails with a user error (e.g. an inconsistent checkpoint left by a killed process) is
     reported on its line and the others still run; then a UserError lists the failed runs."""
@@ -231,7 +234,8 @@ def execute(
         failed.append(f"{p.cell.name} seed {p.seed} ({p.out})")
 
     try:
-        _execute(spec, todo, jobs, print_line, fail)
+        threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+        _execute(spec, todo, jobs, threads, print_line, fail)
     finally:
         sys.stdout.flush()
     if failed:
@@ -251,7 +255,7 @@ def check_devices(spec: ExperimentSpec, todo: list[RunPlan]) -> None:
         )
 
 
-def _execute(spec, todo: list[RunPlan], jobs: int, print_line, fail) -> None:
+def _execute(spec, todo: list[RunPlan], jobs: int, threads: int, print_line, fail) -> None:
     total = len(todo)
     if not todo:
         return
@@ -262,7 +266,7 @@ def _execute(spec, todo: list[RunPlan], jobs: int, print_line, fail) -> None:
             )
             print_line(_line(index, total, p, begin))
             try:
-                summary = run_one(p.config, spec.evaluate)
+                summary = run_one(p.config, spec.evaluate, threads)
             except UserError as err:
                 fail(index, p, err)
                 continue
@@ -270,7 +274,6 @@ def _execute(spec, todo: list[RunPlan], jobs: int, print_line, fail) -> None:
             if summary.get("interrupted") or summary.get("stop_requested"):
                 raise KeyboardInterrupt  # (a Ctrl-C during a run's last step stops before the next)
         return
-    threads = max(1, (os.cpu_count() or 1) // jobs)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
     stop = Path(todo[0].out).parents[1] / f".stop-{os.getpid()}"  # RUNS/.stop-PID
