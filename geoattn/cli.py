@@ -366,7 +366,7 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
         "--threads",
         type=int,
         default=None,
-        help="threads per run (default: the CPU's cores / --jobs; 1 when other work shares the machine)",
+        help="threads per run (default: all cores / --jobs; 1 when other work shares the machine)",
     )
     p.add_argument("--runs", default="runs/experiments", help="where the run directories live")
     p.add_argument("--results", default="results", help="where the report and plots go")

@@ -218,9 +218,9 @@ def execute(
     print_line: Callable[[str], None] = print,
 ) -> None:
     """Run every plan that is not done: in this process (``jobs=1``) or in ``jobs`` worker
-    processes, each run with ``threads`` threads (default ``cpu_count // jobs``: fewer when other
-    work shares the machine, since oversubscribed threads slow every process on it). One progress
-    line per run.
+    processes, each run with ``threads`` threads (default: torch's own in this process,
+    ``cpu_count // jobs`` in workers; fewer when other work shares the machine, since oversubscribed
+    threads slow every process on it). One progress line per run.
 
     A run that fails with a user error (e.g. an inconsistent checkpoint left by a killed process) is
     reported on its line and the others still run; then a UserError lists the failed runs."""
@@ -234,7 +234,6 @@ def execute(
         failed.append(f"{p.cell.name} seed {p.seed} ({p.out})")
 
     try:
-        threads = threads or max(1, (os.cpu_count() or 1) // jobs)
         _execute(spec, todo, jobs, threads, print_line, fail)
     finally:
         sys.stdout.flush()
@@ -255,7 +254,7 @@ def check_devices(spec: ExperimentSpec, todo: list[RunPlan]) -> None:
         )
 
 
-def _execute(spec, todo: list[RunPlan], jobs: int, threads: int, print_line, fail) -> None:
+def _execute(spec, todo: list[RunPlan], jobs: int, threads: int | None, print_line, fail) -> None:
     total = len(todo)
     if not todo:
         return
@@ -274,6 +273,7 @@ def _execute(spec, todo: list[RunPlan], jobs: int, threads: int, print_line, fai
             if summary.get("interrupted") or summary.get("stop_requested"):
                 raise KeyboardInterrupt  # (a Ctrl-C during a run's last step stops before the next)
         return
+    threads = threads or max(1, (os.cpu_count() or 1) // jobs)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
     stop = Path(todo[0].out).parents[1] / f".stop-{os.getpid()}"  # RUNS/.stop-PID
