@@ -36,6 +36,13 @@ class RotorPositionalEncoding(nn.Module):
         self.algebra, self.n_heads = algebra, n_heads
         self.bivector_index = list(algebra.bivector_indices)
         self.bivectors = nn.Parameter(init_scale * torch.randn(n_heads, len(self.bivector_index)))
+        # the generator L = (B x − x B) / 2 is linear in B's coordinates: one fixed matrix per bivector
+        # blade, and ⟨B B⟩₀ = Σ_k b_k² ⟨e_k e_k⟩₀ (distinct bivector blades anticommute, or their product
+        # has no scalar part): the closed form (`action`) costs a handful of ops per call
+        blades = torch.eye(algebra.dim, dtype=torch.float64)[self.bivector_index]  # (K, dim)
+        generators = (algebra.left_matrix(blades) - algebra.right_matrix(blades)) / 2  # (K, dim, dim)
+        self.register_buffer("generators", generators.float(), persistent=False)
+        self.register_buffer("squares", algebra.scalar_product(blades, blades).float(), persistent=False)
 
     def rotors(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
         """``R_h(t)``: positions ``(N,)`` / ``(B, N)`` → ``(B|1, H, N, dim)``."""
@@ -70,13 +77,14 @@ class RotorPositionalEncoding(nn.Module):
         ga = self.algebra
         if ga.n > 3:
             return ga.versor_matrix(self.rotors(positions, dtype))
-        B = self._bivectors(dtype)  # (H, dim)
-        L = (ga.left_matrix(B) - ga.right_matrix(B)) / 2  # (H, dim, dim)
-        lam = ga.scalar_product(B, B)[None, :, None]  # (1, H, 1)
+        b = self.bivectors.to(dtype)  # (H, K)
+        L = (b @ self.generators.to(dtype).flatten(1)).view(-1, ga.dim, ga.dim)  # (H, dim, dim)
+        lam = (b * b) @ self.squares.to(dtype)  # (H,): B_h²
         t = (positions if positions.dim() == 2 else positions[None]).to(dtype)[:, None, :]  # (B|1, 1, N)
-        f1 = t * cos_sinc(t * t * lam)[1]  # (B|1, H, N)
-        f2 = t * t / 2 * cos_sinc(t * t * lam / 4)[1] ** 2
-        eye = torch.eye(ga.dim, dtype=dtype, device=B.device)
+        # one C, S pair at μ = t²λ/4 gives both weights: S(4μ) = S(μ) C(μ) (sin 2x = 2 sin x cos x)
+        c, s = cos_sinc(t * t * (lam[:, None] / 4))  # (B|1, H, N)
+        f1, f2 = t * s * c, t * t / 2 * s * s
+        eye = torch.eye(ga.dim, dtype=dtype, device=b.device)
         return eye + f1[..., None, None] * L[:, None] + f2[..., None, None] * (L @ L)[:, None]
 
     def _bivectors(self, dtype: torch.dtype) -> Tensor:
