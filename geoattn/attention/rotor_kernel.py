@@ -236,14 +236,18 @@ def _base_tables(algebra: CliffordAlgebra) -> dict[str, Tensor]:
     """The algebra's tables in the kernels' row-vector convention ``y = x @ M`` (float64, CPU).
 
     ``logit``: ``(dim,)`` ⟨ẽ_A e_A⟩₀; ``metric``: ``(n,)`` e_k²; ``scaled``: ``(dim,)`` 1 on the blades a
-    versor only scales (scalar, pseudoscalar), 0 on those it moves.
+    versor only scales (scalar, pseudoscalar), 0 on those it moves; ``vector``: ``(dim, n)``, ``x @ vector``
+    is the vector part's coordinates.
     """
 
     def build() -> dict[str, Tensor]:
         metric = algebra.invariant_metric
         scaled = torch.zeros(algebra.dim, dtype=torch.float64)
         scaled[[*algebra.grade_indices[0], *algebra.grade_indices[algebra.n]]] = 1
-        return {"logit": metric, "metric": metric[list(algebra.vector_indices)], "scaled": scaled}
+        vector = torch.zeros(algebra.dim, algebra.n, dtype=torch.float64)
+        vector[list(algebra.vector_indices), range(algebra.n)] = 1
+        vectors = list(algebra.vector_indices)
+        return {"logit": metric, "metric": metric[vectors], "scaled": scaled, "vector": vector}
 
     return _cached(algebra, ("base",), build)
 
@@ -262,9 +266,55 @@ def _sym_pairs(n: int) -> list[tuple[int, int]]:
 
 
 def monomials(x: Tensor) -> Tensor:
-    """``[1, x_l, x_l x_m (l ≤ m)]``: ``(..., n)`` → ``(..., P)``, P = 1 + n + n(n+1)/2."""
-    l, m = zip(*_sym_pairs(x.shape[-1]))
-    return torch.cat([torch.ones_like(x[..., :1]), x, x[..., list(l)] * x[..., list(m)]], -1)
+    """``[1, x_l, x_l x_m (l ≤ m)]``: ``(..., n)`` → ``(..., P)``, P = 1 + n + n(n+1)/2.
+
+    As ``(c₁ + x F₁) ⊙ (c₂ + x F₂)`` with 0/1 tables (:func:`_monomial_tables`): the first factor reads
+    ``[1, x, x_l]``, the second ``[1, 1, x_m]``, exact (each entry one product by 1, the rest exact zeros),
+    two GEMMs and a product where gathers and a concatenation cost scatters in the backward."""
+    c1, f1, c2, f2 = _monomial_tables(x.shape[-1], x.device, x.dtype)
+    return _affine(x, c1, f1) * _affine(x, c2, f2)
+
+
+def _affine(x: Tensor, c: Tensor, f: Tensor) -> Tensor:
+    """``c + x @ f`` as one GEMM: ``x (..., n)``, ``c (m,)``, ``f (n, m)`` → ``(..., m)``."""
+    return torch.addmm(c, x.reshape(-1, x.shape[-1]), f).view(*x.shape[:-1], len(c))
+
+
+def _signed_lift(algebra: CliffordAlgebra, sign: float, device, dtype) -> tuple[Tensor, Tensor]:
+    """``(c (1 + n,), f (n, 1 + n))`` with ``c + a @ f = [1, sign · metric · a]`` (:func:`_affine`)."""
+
+    def build() -> tuple[Tensor, Tensor]:
+        n = algebra.n
+        c = torch.zeros(1 + n, dtype=torch.float64)
+        c[0] = 1
+        f = torch.zeros(n, 1 + n, dtype=torch.float64)
+        f[range(n), range(1, 1 + n)] = sign * _base_tables(algebra)["metric"]
+        return c.to(device, dtype), f.to(device, dtype)
+
+    return _cached(algebra, ("signed lift", sign, device, dtype), build)
+
+
+_MONOMIAL_TABLES: dict[tuple, tuple[Tensor, ...]] = {}
+
+
+def _monomial_tables(n: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, ...]:
+    """``(c₁ (P,), F₁ (n, P), c₂ (P,), F₂ (n, P))`` of :func:`monomials`, made once per (n, device, dtype)
+    (inside a torch.compile trace made without caching, as :func:`_cached`)."""
+    key = (n, device, dtype)
+    if key in _MONOMIAL_TABLES:
+        return _MONOMIAL_TABLES[key]
+    pairs = _sym_pairs(n)
+    P = 1 + n + len(pairs)
+    c1, c2 = torch.zeros(P, dtype=torch.float64), torch.zeros(P, dtype=torch.float64)
+    f1, f2 = torch.zeros(n, P, dtype=torch.float64), torch.zeros(n, P, dtype=torch.float64)
+    c1[0] = c2[: 1 + n] = 1
+    f1[range(n), range(1, 1 + n)] = 1
+    for col, (l, m) in enumerate(pairs, start=1 + n):
+        f1[l, col] = f2[m, col] = 1
+    tables = tuple(t.to(device, dtype) for t in (c1, f1, c2, f2))
+    if not torch.compiler.is_compiling():
+        _MONOMIAL_TABLES[key] = tables
+    return tables
 
 
 class _Plan(NamedTuple):
@@ -499,9 +549,10 @@ def directions(x: Tensor, algebra: CliffordAlgebra) -> Tensor:
 
     A zero (or, in PGA, purely degenerate) vector part gives a direction of norm ≤ its size / NORM_EPS.
     """
-    metric = _tables(algebra, x.device, x.dtype)["metric"]
-    vec = x[..., algebra.grade_slice(1)].sum(-2)
-    sq = (vec * vec * metric).sum(-1, keepdim=True)
+    tables = _tables(algebra, x.device, x.dtype)
+    # the vector blades read by a 0/1 GEMM (exact): a slice's backward writes a zero-filled copy of x
+    vec = x.sum(-2) @ tables["vector"]
+    sq = (vec * vec * tables["metric"]).sum(-1, keepdim=True)
     return vec / sq.clamp_min(NORM_EPS**2).sqrt()
 
 
@@ -936,11 +987,10 @@ def _factorised(q, k, v, algebra, head_type, causal, inverse, key_mask, chunk_si
     """Rotation / reflection, sum aggregation: see the module docstring and :func:`_sandwich_plan`."""
     plan = _plan_on(algebra, head_type, inverse, q.device, q.dtype)
     a, b = directions(q, algebra), directions(k, algebra)  # (B, H, N, n)
-    metric = _tables(algebra, q.device, q.dtype)["metric"]
-    # 1 ± ⟨a_i, b_j⟩ = [1, ±metric·a_i] · [1, b_j], one GEMM per block
-    a1 = torch.cat([torch.ones_like(a[..., :1]), plan.sign * metric * a], -1)  # (B, H, N, 1 + n)
-    b1 = torch.cat([torch.ones_like(b[..., :1]), b], -1)  # (B, H, N, 1 + n)
     mono = monomials(b)  # (B, H, N, P)
+    # 1 ± ⟨a_i, b_j⟩ = [1, ±metric·a_i] · [1, b_j], one GEMM per block; [1, b_j] are b_j's first monomials
+    a1 = _affine(a, *_signed_lift(algebra, plan.sign, q.device, q.dtype))  # (B, H, N, 1 + n)
+    b1 = mono[..., : 1 + algebra.n]  # (B, H, N, 1 + n), a view
     # each key's features, channel-major: v_c @ (Σ_p φ_p(b) keys[p]) → (B, H, N, Cv · r)
     feats_w, feats_d = (
         (v @ (mono @ t.flatten(1)).unflatten(-1, t.shape[1:])).flatten(-2) for t in (plan.keys_w, plan.keys_d)
