@@ -54,6 +54,22 @@ def test_clifford_model_is_permutation_equivariant():
     torch.testing.assert_close(out_perm, out[:, perm], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("signed", [True, False])
+def test_clifford_model_charge_flip(signed):
+    """``signed_charges=False``: flipping every charge leaves the prediction unchanged (the dynamics'
+    symmetry, float64); with the charges read signed it does not (the check is not blind)."""
+    torch.manual_seed(0)
+    config = CliffordGNNConfig(n_layer=2, channels=4, scalars=4, signed_charges=signed)
+    model = NBodyCliffordGNN(config).double()
+    for p in model.parameters():  # the read-out starts at zero (no motion); every weight perturbed
+        p.data += 0.1 * torch.randn_like(p)
+    x = NBodyTask(NBodyConfig(system="charged", data=str(EGNN_FILES))).dataset("train").inputs().double()
+    flipped = x.clone()
+    flipped[..., 0] = -flipped[..., 0]
+    change = (model(flipped)[0] - model(x)[0]).abs().max()
+    assert (change < 1e-12) if not signed else (change > 1e-4)
+
+
 def test_clifford_config_reads_the_run_sizes_and_rejects_bad_values():
     from geoattn.models.base import ModelSizes
 

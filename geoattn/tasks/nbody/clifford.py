@@ -50,6 +50,9 @@ class CliffordGNNConfig:
         scalars: invariant scalar channels per body and per message.
         mlp_ratio: hidden multivector channels of each geometric MLP / channels.
         velocity_output: add ``φ_i v_i`` to the prediction (``φ_i`` an invariant output scalar).
+        signed_charges: read each body's charge (or mass) ``c_i`` itself as a scalar; False: its square,
+            so the model is invariant under flipping every charge, as the dynamics are (the forces go
+            with ``c_i c_j``, which the pairs read either way; a mass, positive, loses nothing).
     """
 
     n_layer: int = 4
@@ -57,6 +60,7 @@ class CliffordGNNConfig:
     scalars: int = 16
     mlp_ratio: int = 2
     velocity_output: bool = True
+    signed_charges: bool = True
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "channels", "scalars", "mlp_ratio"):
@@ -142,7 +146,7 @@ class NBodyCliffordGNN(TaskModel):
         c, position, velocity = x[..., :1], x[..., 1:4], x[..., 4:7]
         ga = self.algebra
         h = ga.vector(torch.stack((position - centroid(position), velocity), 2))  # (B, n, 2, 8)
-        s = torch.cat((c, velocity.norm(dim=-1, keepdim=True)), -1)
+        s = torch.cat((c if self.config.signed_charges else c * c, velocity.norm(dim=-1, keepdim=True)), -1)
         h, s = self.read_in(h, s)
         dx, dv, invariants = pair_invariants(position, velocity)
         charges = c[:, :, None] * c[:, None, :]  # (B, n, n, 1)
