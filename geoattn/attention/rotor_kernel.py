@@ -217,13 +217,14 @@ def _check_inputs(q, k, v, algebra, head_type, backend, inverse, key_mask, chunk
 _CACHE: dict[tuple, object] = {}
 
 
-def _cached(algebra: CliffordAlgebra, key: tuple, build: Callable[[], _T]) -> _T:
-    """A constant derived from the algebra's tables, built once per signature and ``key``.
+def _cached(algebra: CliffordAlgebra | None, key: tuple, build: Callable[[], _T]) -> _T:
+    """A constant derived from the algebra's tables (or, with ``algebra=None``, from ``key`` alone),
+    built once per signature and ``key``.
 
     Inside a torch.compile trace a missing entry is built without caching (a traced tensor must not
     leak into the cache); the graph then holds the construction.
     """
-    full = (algebra.p, algebra.q, algebra.r, *key)
+    full = (algebra.p, algebra.q, algebra.r, *key) if algebra is not None else key
     if full in _CACHE:
         return _CACHE[full]
     value = build()
@@ -244,9 +245,9 @@ def _base_tables(algebra: CliffordAlgebra) -> dict[str, Tensor]:
         metric = algebra.invariant_metric
         scaled = torch.zeros(algebra.dim, dtype=torch.float64)
         scaled[[*algebra.grade_indices[0], *algebra.grade_indices[algebra.n]]] = 1
-        vector = torch.zeros(algebra.dim, algebra.n, dtype=torch.float64)
-        vector[list(algebra.vector_indices), range(algebra.n)] = 1
         vectors = list(algebra.vector_indices)
+        vector = torch.zeros(algebra.dim, algebra.n, dtype=torch.float64)
+        vector[vectors, range(algebra.n)] = 1
         return {"logit": metric, "metric": metric[vectors], "scaled": scaled, "vector": vector}
 
     return _cached(algebra, ("base",), build)
@@ -294,27 +295,21 @@ def _signed_lift(algebra: CliffordAlgebra, sign: float, device, dtype) -> tuple[
     return _cached(algebra, ("signed lift", sign, device, dtype), build)
 
 
-_MONOMIAL_TABLES: dict[tuple, tuple[Tensor, ...]] = {}
-
-
 def _monomial_tables(n: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, ...]:
-    """``(c₁ (P,), F₁ (n, P), c₂ (P,), F₂ (n, P))`` of :func:`monomials`, made once per (n, device, dtype)
-    (inside a torch.compile trace made without caching, as :func:`_cached`)."""
-    key = (n, device, dtype)
-    if key in _MONOMIAL_TABLES:
-        return _MONOMIAL_TABLES[key]
-    pairs = _sym_pairs(n)
-    P = 1 + n + len(pairs)
-    c1, c2 = torch.zeros(P, dtype=torch.float64), torch.zeros(P, dtype=torch.float64)
-    f1, f2 = torch.zeros(n, P, dtype=torch.float64), torch.zeros(n, P, dtype=torch.float64)
-    c1[0] = c2[: 1 + n] = 1
-    f1[range(n), range(1, 1 + n)] = 1
-    for col, (l, m) in enumerate(pairs, start=1 + n):
-        f1[l, col] = f2[m, col] = 1
-    tables = tuple(t.to(device, dtype) for t in (c1, f1, c2, f2))
-    if not torch.compiler.is_compiling():
-        _MONOMIAL_TABLES[key] = tables
-    return tables
+    """``(c₁ (P,), F₁ (n, P), c₂ (P,), F₂ (n, P))`` of :func:`monomials` (made once)."""
+
+    def build() -> tuple[Tensor, ...]:
+        pairs = _sym_pairs(n)
+        P = 1 + n + len(pairs)
+        c1, c2 = torch.zeros(P, dtype=torch.float64), torch.zeros(P, dtype=torch.float64)
+        f1, f2 = torch.zeros(n, P, dtype=torch.float64), torch.zeros(n, P, dtype=torch.float64)
+        c1[0] = c2[: 1 + n] = 1
+        f1[range(n), range(1, 1 + n)] = 1
+        for col, (l, m) in enumerate(pairs, start=1 + n):
+            f1[l, col] = f2[m, col] = 1
+        return tuple(t.to(device, dtype) for t in (c1, f1, c2, f2))
+
+    return _cached(None, ("monomials", n, device, dtype), build)
 
 
 class _Plan(NamedTuple):
