@@ -26,10 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-SUFFIX = "_charged5_initvel1small"
-FILES = [
-    f"{a}_{s}{SUFFIX}.npy" for a in ("loc", "vel", "edges", "charges") for s in ("train", "valid", "test")
-]
+from geoattn.tasks.nbody.charged import egnn_file_names
+
+FILES = list(egnn_file_names().values())  # EGNN's twelve .npy files
 
 
 def fail(message: str) -> None:

@@ -204,3 +204,37 @@ def test_a_failing_peer_names_its_log(tmp_path):
         execute(spec, plan(spec, tmp_path / "runs"), print_line=lambda line: None)
     log = next((tmp_path / "runs").glob("peer-*/seed_1337/peer.log"))
     assert "raise SystemExit(3)" in log.read_text()
+
+
+@pytest.mark.parametrize(
+    "runner, flag, marker",
+    [("egnn_nbody.py", "--egnn", "main_nbody.py"), ("cgenn_nbody.py", "--cgenn", "models/nbody_cggnn.py")],
+)
+def test_the_peer_runners_name_what_is_missing_in_one_line(tmp_path, runner, flag, marker):
+    """EGNN's and CGENN's runners (benchmarks/): no checkout, then a missing data file, then an existing
+    result: one line naming it, exit code 2, nothing written or overwritten."""
+    script = Path(__file__).parents[1] / "benchmarks" / runner
+    checkout, data, out = tmp_path / "checkout", tmp_path / "data", tmp_path / "out"
+
+    def run() -> subprocess.CompletedProcess:
+        command = [sys.executable, str(script), flag, str(checkout), "--data", str(data), "--out", str(out)]
+        return subprocess.run(command, capture_output=True, text=True)
+
+    done = run()
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and marker.split("/")[-1] in done.stderr
+    (checkout / marker).parent.mkdir(parents=True)
+    (checkout / marker).write_text("")
+    data.mkdir()
+    for f in EGNN_FILES.iterdir():
+        (data / f.name).write_bytes(f.read_bytes())
+    edges = "edges_valid_charged5_initvel1small.npy"
+    (data / edges).unlink()
+    done = run()
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and edges in done.stderr
+    (data / edges).write_bytes((EGNN_FILES / edges).read_bytes())
+    out.mkdir()
+    (out / "metrics.json").write_text("{}")
+    done = run()
+    assert done.returncode == 2 and "exists" in done.stderr
+    assert (out / "metrics.json").read_text() == "{}"
+    assert not (out / "dataroot").exists() and not (out / "work").exists()

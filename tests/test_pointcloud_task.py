@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import fit_one_batch
+from torch import Tensor
 
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes
 from geoattn.tasks import task_class
 from geoattn.tasks.nbody.simulator import random_orthogonal
+from geoattn.tasks.pointcloud.models import azimuthal_power
 from geoattn.tasks.pointcloud.shapes import CLASSES, sample_clouds
 from geoattn.tasks.pointcloud.task import PointCloudConfig, PointCloudTask, rotate, rotations
 
@@ -98,12 +100,15 @@ def test_local_messages_keep_the_logits_invariant_and_change_them():
         task._build("rotor", SIZES, {"local": 9})
 
 
-def test_rotor_with_the_up_axis_is_invariant_only_about_z():
+@pytest.mark.parametrize("harmonics", [0, 4])
+def test_rotor_with_the_up_axis_is_invariant_only_about_z(harmonics):
     """``up`` adds e_z as an input: the logits keep their invariance under rotations about z,
-    reflections in planes through z and translations, and lose it under general rotations."""
+    reflections in planes through z and translations, and lose it under general rotations; with the
+    azimuthal harmonics of the outputs read as well."""
     task = PointCloudTask(PointCloudConfig(**SMALL))
     torch.manual_seed(0)
-    model = task._build("rotor", SIZES, {"normals": True, "up": True}).double().eval()
+    options = {"normals": True, "up": True, "harmonics": harmonics}
+    model = task._build("rotor", SIZES, options).double().eval()
     x, _ = task.evaluation_set("val")
     x = x[:8]
     g = torch.Generator().manual_seed(3)
@@ -114,6 +119,28 @@ def test_rotor_with_the_up_axis_is_invariant_only_about_z():
     logits, _ = model(x)
     assert (model(rotate(x, about_z) + shift)[0] - logits).abs().max() <= 1e-8
     assert (model(rotate(x, rotations("so3", 8, g)))[0] - logits).abs().max() > 1e-3
+
+
+def test_azimuthal_power_tells_four_faces_from_a_ring():
+    """|mean û^m|²: four horizontal directions 90° apart (a square pyramid's face normals) give 1 at
+    m = 4 and 0 at m = 1..3; 64 evenly spread ones (a cone's) give 0 at every m ≤ 4; heights and
+    lengths do not count; one turn about z and one reflection change nothing."""
+    def directions(angles: Tensor, z: float) -> Tensor:
+        r = 0.5 + torch.arange(len(angles), dtype=torch.float64) % 3  # lengths vary
+        return torch.stack([r * torch.cos(angles), r * torch.sin(angles), torch.full_like(r, z)], -1)
+
+    square = directions(0.3 + torch.arange(16, dtype=torch.float64) * torch.pi / 2, 0.7)
+    ring = directions(torch.arange(64, dtype=torch.float64) * 2 * torch.pi / 64, 0.7)
+    power = azimuthal_power(torch.stack([square.repeat(4, 1), ring], 1)[None], 4).view(2, 4)
+    assert torch.allclose(power[0], torch.tensor([0, 0, 0, 1.0], dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(power[1], torch.zeros(4, dtype=torch.float64), atol=1e-12)
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(2, 10, 3, 3, generator=g, dtype=torch.float64)
+    turn = rotations("z", 1, g)[0]
+    turn[:, 0] *= -1  # with a reflection in a plane through z
+    assert torch.allclose(azimuthal_power(v @ turn.T, 4), azimuthal_power(v, 4), atol=1e-12)
+    with pytest.raises(ConfigError, match="harmonics needs up"):
+        PointCloudTask(PointCloudConfig(**SMALL))._build("rotor", SIZES, {"harmonics": 4})
 
 
 def test_rotor_fits_a_batch():

@@ -38,11 +38,14 @@ class RotorPositionalEncoding(nn.Module):
         self.bivectors = nn.Parameter(init_scale * torch.randn(n_heads, len(self.bivector_index)))
         # the generator L = (B x − x B) / 2 is linear in B's coordinates: one fixed matrix per bivector
         # blade, and ⟨B B⟩₀ = Σ_k b_k² ⟨e_k e_k⟩₀ (distinct bivector blades anticommute, or their product
-        # has no scalar part): the closed form (`action`) costs a handful of ops per call
-        blades = torch.eye(algebra.dim, dtype=torch.float64)[self.bivector_index]  # (K, dim)
-        generators = (algebra.left_matrix(blades) - algebra.right_matrix(blades)) / 2  # (K, dim, dim)
-        self.register_buffer("generators", generators.float(), persistent=False)
-        self.register_buffer("squares", algebra.scalar_product(blades, blades).float(), persistent=False)
+        # has no scalar part): the closed form (`action`, n ≤ 3) costs a handful of ops per call
+        generators = squares = None
+        if algebra.n <= 3:
+            blades = torch.eye(algebra.dim, dtype=torch.float64)[self.bivector_index]  # (K, dim)
+            generators = ((algebra.left_matrix(blades) - algebra.right_matrix(blades)) / 2).float()
+            squares = algebra.scalar_product(blades, blades).float()  # (K,)
+        self.register_buffer("generators", generators, persistent=False)  # (K, dim, dim)
+        self.register_buffer("squares", squares, persistent=False)
 
     def rotors(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
         """``R_h(t)``: positions ``(N,)`` / ``(B, N)`` → ``(B|1, H, N, dim)``."""

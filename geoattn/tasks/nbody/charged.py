@@ -181,10 +181,15 @@ def simulate(
     return out
 
 
+def egnn_file_names(names: tuple[str, ...] = SETS, particles: int = 5) -> dict[tuple[str, str], str]:
+    """``{(set, array): file name}`` of EGNN's files, e.g. ``loc_valid_charged5_initvel1small.npy``."""
+    return {(n, a): f"{a}_{FILE_TAGS[n]}{suffix(particles)}.npy" for n in names for a in ARRAYS}
+
+
 def egnn_paths(directory: str | Path, names: tuple[str, ...] = SETS, particles: int = 5) -> dict:
     """``{(set, array): path}`` of EGNN's files for ``names`` in ``directory``; DataError if any exists."""
     directory = Path(directory)
-    paths = {(n, a): directory / f"{a}_{FILE_TAGS[n]}{suffix(particles)}.npy" for n in names for a in ARRAYS}
+    paths = {key: directory / name for key, name in egnn_file_names(names, particles).items()}
     existing = [str(p) for p in paths.values() if p.exists()]
     if existing:
         raise DataError(f"nbody charged: {existing[0]} exists; choose an empty directory")

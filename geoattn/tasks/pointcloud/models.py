@@ -62,6 +62,11 @@ class PointRotorConfig(RotorTransformerConfig):
             planes through z and translations (the symmetry of the z/z protocol, whose clouds keep
             their heights), not under SO(3). For data with a known up direction; its z/SO(3) number
             shows what that costs when the direction is lost.
+        harmonics: with ``up``, also read each output channel's azimuthal harmonics about e_z: for the
+            orders m = 1..``harmonics``, ``|mean_i û_i^m|²`` with ``û_i`` the unit horizontal direction of
+            point i's vector as a complex number (:func:`azimuthal_power`; 0: none). Invariant under the
+            up model's symmetry; where the mean-pooled Gram matrix sees only second moments (a square
+            pyramid's four face normals and a cone's ring of them have the same), m = 4 tells them apart.
         local: before each of the first ``local`` blocks, a :class:`LocalMessages` layer over each
             point's ``local_k`` nearest points (DGCNN's EdgeConv made equivariant; 0: none).
         local_k: neighbours of the local messages (DGCNN's k = 10).
@@ -73,12 +78,13 @@ class PointRotorConfig(RotorTransformerConfig):
     normals: bool = False
     bending: bool = False
     up: bool = False
+    harmonics: int = 0
     local: int = 0
     local_k: int = 10
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("neighbours", "readout", "local", "local_k"):
+        for name in ("neighbours", "readout", "harmonics", "local", "local_k"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"PointRotorConfig.{name} must be an integer ≥ 0, got {value!r}")
@@ -89,6 +95,8 @@ class PointRotorConfig(RotorTransformerConfig):
         for name in ("normals", "bending"):
             if getattr(self, name) and not self.neighbours:
                 raise ConfigError(f"PointRotorConfig.{name} needs neighbours > 0 (it comes from the kNN)")
+        if self.harmonics and not self.up:
+            raise ConfigError("PointRotorConfig.harmonics needs up = true (the harmonics are about e_z)")
         if self.local > self.n_layer:
             raise ConfigError(f"PointRotorConfig.local = {self.local}: more than its {self.n_layer} blocks")
         if self.local and self.local_k < 2:
@@ -183,6 +191,7 @@ class PointRotor(TaskModel):
         C = config.out_channels
         self.register_buffer("pairs", torch.triu_indices(2 * C, 2 * C), persistent=False)
         features = 2 * (config.out_scalars + C + self.pairs.shape[1])  # mean and max of each
+        features += C * config.harmonics  # one azimuthal power per channel and order
         self.norm = nn.LayerNorm(features)
         hidden = config.readout
         self.head = (
@@ -228,8 +237,30 @@ class PointRotor(TaskModel):
         both = torch.cat((vectors, vectors.mean(1, keepdim=True).expand_as(vectors)), 2)  # (B, P, 2C, 3)
         gram = (both @ both.transpose(-1, -2))[:, :, self.pairs[0], self.pairs[1]]  # (B, P, C(2C+1))
         features = torch.cat((scalars, norms, gram), -1)
-        logits = self.head(self.norm(torch.cat((features.mean(1), features.amax(1)), -1)))
+        pooled = [features.mean(1), features.amax(1)]
+        if self.config.harmonics:
+            pooled.append(azimuthal_power(vectors, self.config.harmonics))
+        logits = self.head(self.norm(torch.cat(pooled, -1)))
         return logits, cross_entropy(logits, y)
+
+
+def azimuthal_power(vectors: Tensor, orders: int) -> Tensor:
+    """The azimuthal power spectrum about e_z of each channel's vectors over the points of a cloud:
+    ``vectors (B, P, C, 3)`` → ``(B, C · orders)``, ``|mean_i û_i^m|²`` for m = 1..orders (channel-major),
+    with ``û_i = (x_i + i y_i) / |x_i + i y_i|`` the unit horizontal direction as a complex number.
+
+    A rotation by θ about z multiplies ``û_i^m`` by ``e^{imθ}`` and a reflection in a plane through z
+    conjugates it (up to such a turn), so every number is invariant under both; each lies in [0, 1]: 1
+    where the directions repeat with period 2π/m (the four faces of a square pyramid at m = 4), near 0
+    where they spread evenly (a cone's normals)."""
+    x, y = vectors[..., 0], vectors[..., 1]
+    r = (x * x + y * y).clamp_min(1e-12).sqrt()
+    u = torch.complex(x / r, y / r)  # (B, P, C)
+    power, out = u, []
+    for _ in range(orders):
+        out.append(power.mean(1).abs().square())  # (B, C)
+        power = power * u
+    return torch.stack(out, -1).flatten(1)
 
 
 def check_points(x: Tensor) -> None:
