@@ -213,11 +213,12 @@ def load_egnn_format(directory: str | Path, particles: int = 5) -> dict[str, Cha
     directory = Path(directory)
     if not directory.is_dir():
         raise DataError(f"nbody charged data directory {str(directory)!r} does not exist")
+    files = egnn_file_names(SETS, particles)
     out = {}
     for name in SETS:
         arrays = {}
         for a in ARRAYS:
-            path = directory / f"{a}_{FILE_TAGS[name]}{suffix(particles)}.npy"
+            path = directory / files[name, a]
             if not path.is_file():
                 raise DataError(
                     f"nbody charged data: missing file {str(path)!r} (EGNN's generate_dataset.py)"
@@ -244,10 +245,7 @@ def load_egnn_format(directory: str | Path, particles: int = 5) -> dict[str, Cha
                 or not count
             ):
                 want = tuple("frames" if e is None else e for e in shape)
-                raise DataError(
-                    f"nbody charged data: {a}_{FILE_TAGS[name]}{suffix(particles)}.npy has shape {got}, "
-                    f"expected {want}"
-                )
+                raise DataError(f"nbody charged data: {files[name, a]} has shape {got}, expected {want}")
         out[name] = ChargedTrajectories(**arrays)
     return out
 
