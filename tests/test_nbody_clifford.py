@@ -16,14 +16,21 @@ from geoattn.tasks.nbody.task import equivariance_error
 EGNN_FILES = Path(__file__).parent / "data" / "egnn_charged"
 
 
-@pytest.mark.parametrize("system", ["charged", "gravity"])
-def test_clifford_model_is_e3_equivariant(system):
-    """float64: equivariant to rounding under random O(3) motions (reflections included) and shifts;
-    and the check is not blind (a fixed direction in the output breaks it)."""
+@pytest.mark.parametrize(
+    "system, options",
+    [("charged", {}), ("gravity", {}), ("charged", {"paths": True, "gate": "grades"})],
+)
+def test_clifford_model_is_e3_equivariant(system, options):
+    """float64: equivariant to rounding under random O(3) motions (reflections included) and shifts,
+    CGENN's grade-path products and grade gates included; and the check is not blind (a fixed
+    direction in the output breaks it)."""
     torch.manual_seed(0)
-    model = NBodyCliffordGNN(CliffordGNNConfig(n_layer=2, channels=4, scalars=4)).double()
+    model = NBodyCliffordGNN(CliffordGNNConfig(n_layer=2, channels=4, scalars=4, **options)).double()
     for p in model.read_out.parameters():  # it starts at zero (no motion): perturb it, so it acts
         p.data += 0.1 * torch.randn_like(p)
+    for name, p in model.named_parameters():  # the path weights start at 1: move them off it
+        if name.endswith("product.weight"):
+            p.data += 0.5 * torch.randn_like(p)
     if system == "charged":
         x = NBodyTask(NBodyConfig(system="charged", data=str(EGNN_FILES))).dataset("train").inputs()
     else:
@@ -77,6 +84,8 @@ def test_clifford_config_reads_the_run_sizes_and_rejects_bad_values():
     assert (config.n_layer, config.channels, config.scalars) == (3, 16, 24)
     with pytest.raises(ConfigError, match="channels"):
         CliffordGNNConfig(channels=0)
+    with pytest.raises(ConfigError, match="gate must be one of scalar, grades"):
+        CliffordGNNConfig(gate="relu")
     with pytest.raises(ValueError, match=r"\(B, n, 7\)"):
         NBodyCliffordGNN(CliffordGNNConfig(n_layer=1, channels=2, scalars=2))(torch.zeros(2, 5, 6))
 

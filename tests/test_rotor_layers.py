@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import random_o3_versor
 
+import geoattn.compile
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.layout import blade_major
 from geoattn.algebra.rotation import rotate_pairs
@@ -17,7 +18,9 @@ from geoattn.attention.rotor_kernel import rotor_attention
 from geoattn.layers.multivector import (
     EquiLinear,
     GeometricMLP,
+    GradeGate,
     GradeLayerNorm,
+    GradePathProduct,
     MultivectorEmbedding,
 )
 from geoattn.layers.rotor_block import RotorAttention, RotorPositionalEncoding
@@ -96,6 +99,78 @@ def test_simple_layers_are_equivariant(ga, dtype):
     _check_equivariant(GradeLayerNorm(ga, per_grade=False), ga, dtype, x)
     _check_equivariant(EquiLinear(ga, 4, 6, in_scalars=3, out_scalars=2), ga, dtype, x, s)
     _check_equivariant(GeometricMLP(ga, 4, scalars=3), ga, dtype, x, s)
+
+
+@pytest.mark.parametrize("ga", ALGEBRAS, ids=ids)
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_cgenn_style_layers_are_equivariant(ga, dtype):
+    """The grade-path product and the grade gates (CGENN's) with random weights, alone and inside a
+    GeometricMLP: equivariant under rotations, reflections (PGA: translations)."""
+    torch.manual_seed(4)
+    x, s = _inputs(ga, dtype)
+    product, gate = GradePathProduct(ga, 4), GradeGate(ga, 4)
+    with torch.no_grad():
+        product.weight.normal_()
+        gate.alpha.normal_(), gate.beta.normal_()
+    y = x.flip(0)  # a second multivector input
+
+    class Pair(torch.nn.Module):  # both factors move together: (g·a)(g·b) = g·(ab) needs both
+        def __init__(self):
+            super().__init__()
+            self.product = product
+
+        def forward(self, z):
+            return self.product(z[..., :4, :], z[..., 4:, :])
+
+    _check_equivariant(Pair(), ga, dtype, torch.cat((x, y), -2))
+    _check_equivariant(gate, ga, dtype, x)
+    mlp = GeometricMLP(ga, 4, scalars=3, paths=True, gate="grades")
+    with torch.no_grad():
+        mlp.product.weight.normal_()
+    _check_equivariant(mlp, ga, dtype, x, s)
+
+
+def test_grade_path_product_starts_at_the_geometric_product_and_weighs_each_path():
+    """Weights 1: the plain product; the path vector·vector → scalar switched off: the outer product
+    for vectors (a ∧ b = ab − a·b), the other paths untouched."""
+    ga = CL3
+    product = GradePathProduct(ga, 3).double()
+    a, b = (torch.randn(5, 3, ga.dim, dtype=torch.float64) for _ in range(2))
+    assert _rel(product(a, b), ga.geometric_product(a, b)) < 1e-14
+    paths = sorted({(ga.grades[i], ga.grades[j], ga.grades[k]) for i, j, k, _ in ga.cayley_sparse})
+    with torch.no_grad():
+        product.weight[:, paths.index((1, 1, 0))] = 0
+    u, v = ga.grade(a, 1), ga.grade(b, 1)
+    assert _rel(product(u, v), ga.outer_product(u, v)) < 1e-14
+    with pytest.raises(ValueError, match=r"GradePathProduct: b has shape \(5, 2, 8\)"):
+        product(a, b[:, :2])
+    with pytest.raises(ValueError, match="gate must be one of"):
+        GeometricMLP(ga, 4, gate="relu")
+
+
+@pytest.mark.parametrize("ga", ALGEBRAS, ids=ids)
+def test_grade_path_product_compiled_kernels_match_the_dense_table(ga, monkeypatch):
+    """A batch past `worth_compiling` runs the per-blade kernels into (path, blade) slots (a product
+    whose output is wider than its inputs, with its gradient kernels): the same values and gradients
+    (inputs and path weights) as the dense table the small batches take, float64."""
+    from geoattn.algebra import kernels
+
+    monkeypatch.setattr(kernels, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(kernels, "_SHARED", {})  # fresh kernels, compiled with the backend above
+    product = GradePathProduct(ga, 2).double()
+    with torch.no_grad():
+        product.weight.normal_()
+    rows = geoattn.compile.COMPILE_MIN_ELEMENTS // ga.dim**2 + 1
+    a, b = (torch.randn(rows, 2, ga.dim, dtype=torch.float64) for _ in range(2))
+    results = []
+    for compiled in (True, False):
+        monkeypatch.setattr(ga, "compile", compiled)
+        a_, b_ = a.clone().requires_grad_(), b.clone().requires_grad_()
+        out = product(a_, b_)
+        results.append((out, *torch.autograd.grad(out.square().sum(), (a_, b_, product.weight))))
+    for x, y in zip(*results):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)
+    assert set(product._products._compiled) == {"paths", "paths.grad_a", "paths.grad_b"}
 
 
 @pytest.mark.parametrize("ga", ALGEBRAS, ids=ids)

@@ -77,6 +77,33 @@ def test_exponential_schedule_and_a_min_lr_relative_to_lr():
         TrainConfig(lr=1e-4, min_lr=1e-3)
 
 
+def test_hold_keeps_the_peak_rate_before_the_decay_and_adam_adds_an_l2_term():
+    """Warmup-stable-decay (CGENN's schedule): lr held ``hold_iters`` steps after the warmup, then the
+    whole cosine in the steps left; ``optimizer="adam"``: the weight decay enters the gradient (one Adam
+    step from zero moments moves a parameter by lr·sign(g + wd·p)), where AdamW shrinks it apart."""
+    config = TrainConfig(lr=1.0, min_lr=0.1, warmup_iters=10, hold_iters=50, max_iters=110)
+    assert scheduled_lr(10, config) == scheduled_lr(59, config) == pytest.approx(1.0)
+    assert scheduled_lr(85, config) == pytest.approx(0.55)  # half way through the 50-step cosine
+    assert scheduled_lr(110, config) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="hold_iters must be >= 0"):
+        TrainConfig(hold_iters=-1)
+    with pytest.raises(ValueError, match="optimizer must be one of adamw, adam"):
+        TrainConfig(optimizer="sgd")
+    layer = nn.Linear(1, 1, bias=False)
+    layer.optim_groups = lambda wd: decay_groups(layer, wd)  # what a TaskModel gives the trainer
+    steps = {}
+    for kind in ("adam", "adamw"):
+        with torch.no_grad():
+            layer.weight.fill_(1.0)
+        opt = make_optimizer(layer, TrainConfig(lr=0.1, weight_decay=10.0, optimizer=kind))
+        layer.weight.grad = torch.full_like(layer.weight, -1.0)  # alone it would raise the weight
+        opt.step()
+        steps[kind] = layer.weight.item() - 1.0
+    assert isinstance(make_optimizer(layer, TrainConfig(optimizer="adam")), torch.optim.Adam)
+    assert steps["adam"] == pytest.approx(-0.1, rel=1e-4)  # g + wd·p = 9 > 0: the L2 term wins
+    assert steps["adamw"] == pytest.approx(-0.1 * 10.0 + 0.1, rel=1e-4)  # shrink by lr·wd, step up by lr
+
+
 def test_weight_decay_falls_back_to_matrices_only():
     model = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4))
     decayed, plain = decay_groups(model, 0.1)

@@ -62,7 +62,9 @@ def dense_product(a: Tensor, b: Tensor, table: Tensor) -> Tensor:
     return ((a @ table).unflatten(-1, (dim, dim)) * b.unsqueeze(-1)).sum(-2)
 
 
-def per_blade_source(entries: Entries, dim: int, name: str, blades_first: bool = False) -> str:
+def per_blade_source(
+    entries: Entries, dim: int, name: str, blades_first: bool = False, out_dim: int | None = None
+) -> str:
     """Python source of ``name(a, b)``: ``(..., dim)`` × ``(..., dim)`` (broadcasting) → ``(..., dim)``.
 
     The body reads each blade as a column of the batch-major ``(M, dim)`` rows and stacks the
@@ -70,30 +72,34 @@ def per_blade_source(entries: Entries, dim: int, name: str, blades_first: bool =
     ``blades_first``: ``(dim, ...)`` × ``(dim, ...)`` → ``(dim, ...)`` instead (same shapes, no
     broadcasting), each blade one slice: the form for multivectors stored blade by blade
     (`geoattn.algebra.layout.blade_major`), which the batch-major form would read strided.
+    ``out_dim``: the output's width where it is not ``dim`` (then the inputs' widths may differ
+    too: only their leading dims broadcast).
     """
+    out_dim = dim if out_dim is None else out_dim
     lines = [f"def {name}(a, b):"]
     if blades_first:
         column = "a[{i}]", "b[{j}]"
     else:
-        lines += ["    a, b = torch.broadcast_tensors(a, b)", "    shape = a.shape"]
-        lines += [f"    a, b = a.reshape(-1, {dim}), b.reshape(-1, {dim})  # (M, dim)"]
+        lines += ["    lead = torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])"]
+        lines += ["    a = a.expand(*lead, a.shape[-1]).reshape(-1, a.shape[-1])  # (M, width)"]
+        lines += ["    b = b.expand(*lead, b.shape[-1]).reshape(-1, b.shape[-1])"]
         column = "a[:, {i}]", "b[:, {j}]"
     used_a = sorted({i for i, _, _, _ in entries})
     used_b = sorted({j for _, j, _, _ in entries})
     lines += [f"    a{i} = {column[0].format(i=i)}" for i in used_a]
     lines += [f"    b{j} = {column[1].format(j=j)}" for j in used_b]
     outputs = []
-    for k in range(dim):
+    for k in range(out_dim):
         terms = [f"{'+' if s > 0 else '-'} a{i} * b{j}" for i, j, kk, s in entries if kk == k]
         zero = "a[0] * b[0]" if blades_first else "a[:, 0] * b[:, 0]"
         outputs.append(" ".join(terms).removeprefix("+ ") or f"torch.zeros_like({zero})")
     stacked = f"torch.stack([{', '.join(outputs)}], {0 if blades_first else -1})"
-    lines.append(f"    return {stacked}" if blades_first else f"    return {stacked}.view(shape)")
+    lines.append(f"    return {stacked}" if blades_first else f"    return {stacked}.view(*lead, {out_dim})")
     return "\n".join(lines)
 
 
 def make_per_blade_product(
-    entries: Entries, dim: int, name: str, blades_first: bool = False
+    entries: Entries, dim: int, name: str, blades_first: bool = False, out_dim: int | None = None
 ) -> Callable[[Tensor, Tensor], Tensor]:
     """The generated per-blade product: ``(..., dim)`` × ``(..., dim)`` (broadcasting) → ``(..., dim)``
     (``blades_first``: ``(dim, ...)`` × ``(dim, ...)`` → ``(dim, ...)``, :func:`per_blade_source`).
@@ -103,7 +109,7 @@ def make_per_blade_product(
     for each (and fail at dynamo's recompile limit, 8).
     """
     namespace = {"torch": torch}
-    source = per_blade_source(entries, dim, name, blades_first)
+    source = per_blade_source(entries, dim, name, blades_first, out_dim)
     exec(compile(source, f"<geoattn.algebra {name}>", "exec"), namespace)
     return namespace[name]
 
@@ -120,11 +126,19 @@ class CompiledProducts:
     Besides the named ``tables``, ``name + ".grad_a"`` / ``".grad_b"`` (recursively) are the
     gradient tables of ``name``, so the compiled path's backward is two more compiled per-blade
     kernels (see `CompiledBilinear`). Algebras of one signature share one instance
-    (:func:`products_for`), so building many models compiles each product once.
+    (:func:`products_for`), so building many models compiles each product once. ``widths``: a table's
+    ``(a, b, output)`` widths where they are not ``dim`` (e.g. a product into more slots than blades).
     """
 
-    def __init__(self, tables: dict[str, Entries], dim: int, tag: str):
+    def __init__(
+        self,
+        tables: dict[str, Entries],
+        dim: int,
+        tag: str,
+        widths: dict[str, tuple[int, int, int]] | None = None,
+    ):
         self._tables = dict(tables)
+        self._widths = dict(widths or {})
         self._dim, self._tag = dim, tag
         self._plain: dict[str, Callable] = {}
         self._compiled: dict[str, Callable | None] = {}
@@ -137,8 +151,17 @@ class CompiledProducts:
         key = _key(table, blades_first)
         if key not in self._plain:
             name = f"{table.replace('.', '_')}_{self._tag}" + ("_blades_first" if blades_first else "")
-            self._plain[key] = make_per_blade_product(self._entries(table), self._dim, name, blades_first)
+            entries, out_dim = self._entries(table), self.widths(table)[2]
+            self._plain[key] = make_per_blade_product(entries, self._dim, name, blades_first, out_dim)
         return self._plain[key]
+
+    def widths(self, table: str) -> tuple[int, int, int]:
+        """``(a, b, output)`` widths of ``table`` (a gradient table's follow from its product's)."""
+        if table in self._widths or "." not in table:
+            return self._widths.get(table, (self._dim,) * 3)
+        base, _, which = table.rpartition(".")
+        a, b, out = self.widths(base)
+        return (out, b, a) if which == "grad_a" else (a, out, b)
 
     def _entries(self, table: str) -> Entries:
         if table not in self._tables:  # "<product>.grad_a" or "<product>.grad_b"
@@ -189,10 +212,12 @@ def _key(table: str, blades_first: bool) -> str:
 _SHARED: dict[str, CompiledProducts] = {}
 
 
-def products_for(tables: dict[str, Entries], dim: int, tag: str) -> CompiledProducts:
+def products_for(
+    tables: dict[str, Entries], dim: int, tag: str, widths: dict[str, tuple[int, int, int]] | None = None
+) -> CompiledProducts:
     """The one :class:`CompiledProducts` of the signature ``tag`` (its ``tables`` are the signature's)."""
     if tag not in _SHARED:
-        _SHARED[tag] = CompiledProducts(tables, dim, tag)
+        _SHARED[tag] = CompiledProducts(tables, dim, tag, widths)
     return _SHARED[tag]
 
 
@@ -211,12 +236,14 @@ class CompiledBilinear(torch.autograd.Function):
         # base): one compiled graph per dtype and device whatever the rank, strides or requires_grad
         # of the operands (a broadcast operand is copied). Operands of one shape both stored blade by
         # blade go in as contiguous (dim, M) instead, and the result comes back stored so: no copies
-        shape = torch.broadcast_shapes(a.shape, b.shape)
+        lead = torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])
         if a.shape == b.shape and is_blade_major(a) and is_blade_major(b):
             rows_a, rows_b = (x.movedim(-1, 0).detach() for x in (a, b))  # (dim, ...), strided is fine
             return products.run(table, rows_a, rows_b, blades_first=True).movedim(0, -1)
-        flat_a, flat_b = (x.expand(shape).reshape(-1, shape[-1]).contiguous().detach() for x in (a, b))
-        return products.run(table, flat_a, flat_b).view(shape)
+        flat_a, flat_b = (
+            x.expand(*lead, x.shape[-1]).reshape(-1, x.shape[-1]).contiguous().detach() for x in (a, b)
+        )
+        return products.run(table, flat_a, flat_b).view(*lead, products.widths(table)[2])
 
     @staticmethod
     def backward(ctx, grad: Tensor):

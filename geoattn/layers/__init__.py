@@ -5,7 +5,14 @@ and block) · ``robust_filter`` (isotropic RFA) · ``multivector`` (GA layers) �
 attention, rotor positions, the rotor block) · ``common`` (shared helpers).
 """
 
-from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm, MultivectorEmbedding
+from geoattn.layers.multivector import (
+    EquiLinear,
+    GeometricMLP,
+    GradeGate,
+    GradeLayerNorm,
+    GradePathProduct,
+    MultivectorEmbedding,
+)
 from geoattn.layers.robust_filter import RFAAttention
 from geoattn.layers.rotor_block import RotorAttention, RotorBlock, RotorPositionalEncoding
 from geoattn.layers.rt_block import RTAttention, RTBlock
@@ -22,6 +29,8 @@ __all__ = [
     "GradeLayerNorm",
     "EquiLinear",
     "GeometricMLP",
+    "GradeGate",
+    "GradePathProduct",
     "MultivectorEmbedding",
     "Block",
     "CausalSelfAttention",

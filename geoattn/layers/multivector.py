@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from geoattn.algebra import kernels
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
+from geoattn.compile import worth_compiling
 
 
 def _check_mv(x: Tensor, algebra: CliffordAlgebra, channels: int, name: str, owner: str) -> None:
@@ -272,6 +274,91 @@ def _per_blade(weight: Tensor, onehot: Tensor, dtype: torch.dtype) -> Tensor:
     return (onehot.to(dtype) @ weight.to(dtype).view(G, -1)).view(-1, *weight.shape[1:])
 
 
+class GradePathProduct(nn.Module):
+    """Channel-wise geometric product with a learned weight per grade path (CGENN's steerable product).
+
+    ``u_c = Σ_{i,j,k} w[c, i, j, k] ⟨⟨a_c⟩_i ⟨b_c⟩_j⟩_k`` over the grade triples (i, j, k) where the
+    product has terms: every term is a grade projection of a geometric product, so each commutes with
+    the versors and the whole is equivariant. The weights start at 1: the plain product ``a_c b_c``.
+
+    How: one sparse bilinear product into a slot per (path, output blade) (``q``: the Cayley terms
+    sorted into the paths, 64 of them in Cl(3), each slot a few), then ``u_k = Σ_q w[c, path(q)] q``
+    (a multiply and one GEMM). Large batches run that product as the algebra's products run, a
+    compiled per-blade kernel with compiled gradient kernels (`geoattn.algebra.kernels`); small ones
+    the same product as a dense table.
+
+    forward(a ``(..., C, dim)``, b ``(..., C, dim)``) → ``(..., C, dim)``.
+    """
+
+    def __init__(self, algebra: CliffordAlgebra, channels: int):
+        super().__init__()
+        self.algebra, self.channels = algebra, channels
+        grades, dim = algebra.grades, algebra.dim
+        terms = algebra.cayley_sparse
+        paths = sorted({(grades[i], grades[j], grades[k]) for i, j, k, _ in terms})
+        path_of = [paths.index((grades[i], grades[j], grades[k])) for i, j, k, _ in terms]
+        slots = sorted({(p, k) for p, (_, _, k, _) in zip(path_of, terms)})  # (path, output blade)
+        slot = {s: n for n, s in enumerate(slots)}
+        entries = tuple((i, j, slot[p, k], sign) for p, (i, j, k, sign) in zip(path_of, terms))
+        tag = f"{algebra.p}{algebra.q}{algebra.r}"
+        widths = {"paths": (dim, dim, len(slots))}
+        self._products = kernels.products_for({"paths": entries}, dim, f"paths_cl{tag}", widths)
+        table = torch.zeros(dim, dim, len(slots))  # the same product as a dense table (small batches)
+        for i, j, q, sign in entries:
+            table[i, j, q] = sign
+        self.register_buffer("table", table.view(dim, -1), persistent=False)
+        self.register_buffer("slot_path", torch.tensor([p for p, _ in slots]), persistent=False)
+        slot_blade = F.one_hot(torch.tensor([k for _, k in slots]), dim).float()  # (slots, dim)
+        self.register_buffer("slot_blade", slot_blade, persistent=False)
+        self.weight = nn.Parameter(torch.ones(channels, len(paths)))
+
+    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+        _check_mv(a, self.algebra, self.channels, "a", "GradePathProduct")
+        _check_mv(b, self.algebra, self.channels, "b", "GradePathProduct")
+        dim, slots = self.algebra.dim, self.slot_path.numel()
+        if torch.compiler.is_compiling():
+            q = self._products.plain("paths")(a, b)
+        elif (
+            self.algebra.compile
+            and not self._products.compile_failed
+            and worth_compiling(math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])) * dim * dim)
+        ):
+            q = kernels.CompiledBilinear.apply(a, b, self._products, "paths")
+        else:
+            table = self.table.to(a.dtype)
+            q = ((a @ table).unflatten(-1, (dim, slots)) * b.unsqueeze(-1)).sum(-2)
+        weight = self.weight[:, self.slot_path].to(a.dtype)  # (C, slots): each slot's path weight
+        return (q * weight) @ self.slot_blade.to(a.dtype)
+
+
+class GradeGate(nn.Module):
+    """Invariant gates per channel and grade (CGENN's MVSiLU): ``⟨x_c⟩_k · sigmoid(α_ck q_ck + β_ck)``
+    with ``q_c0 = ⟨x_c⟩₀`` (a SiLU at α = 1, β = 0) and ``q_ck = ⟨x̃ x⟩₀`` of grade k (GATr's invariant
+    inner product, 0 on null blades), so each grade is scaled by a function of invariants only.
+
+    forward ``(..., C, dim)`` → ``(..., C, dim)``.
+    """
+
+    def __init__(self, algebra: CliffordAlgebra, channels: int):
+        super().__init__()
+        self.algebra, self.channels = algebra, channels
+        G = algebra.n + 1
+        onehot = F.one_hot(algebra.blade_grades, G).float()  # (dim, G)
+        self.register_buffer("grade_onehot", onehot, persistent=False)
+        metric = algebra.invariant_metric.float()
+        self.register_buffer("metric", metric, persistent=False)
+        self.alpha = nn.Parameter(torch.ones(channels, G))
+        self.beta = nn.Parameter(torch.zeros(channels, G))
+
+    def forward(self, x: Tensor) -> Tensor:
+        _check_mv(x, self.algebra, self.channels, "x", "GradeGate")
+        onehot = self.grade_onehot.to(x.dtype)
+        q = (x * x * self.metric.to(x.dtype)) @ onehot  # (..., C, G): ⟨x̃ x⟩₀ per grade
+        q = torch.cat((x[..., :1], q[..., 1:]), -1)  # the scalar grade by its signed value
+        gate = torch.sigmoid(self.alpha.to(x.dtype) * q + self.beta.to(x.dtype))
+        return x * (gate @ onehot.t())
+
+
 class GeometricMLP(nn.Module):
     """Equivariant MLP (GATr-style): EquiLinear → channel-wise geometric product → gated GELU → EquiLinear.
 
@@ -279,8 +366,13 @@ class GeometricMLP(nn.Module):
     action is an algebra automorphism); ``u ← u · GELU(⟨u⟩₀)`` (the gate is an invariant scalar);
     scalars go through GELU; ``EquiLinear`` back to the input width.
 
+    ``paths=True``: the product with a learned weight per grade path (:class:`GradePathProduct`, CGENN's);
+    ``gate="grades"``: a sigmoid gate per grade (:class:`GradeGate`, CGENN's MVSiLU) instead of GELU(⟨u⟩₀).
+
     forward(x ``(..., C, dim)``, s ``(..., S)`` | None) → same shapes.
     """
+
+    GATES = ("scalar", "grades")
 
     def __init__(
         self,
@@ -289,22 +381,35 @@ class GeometricMLP(nn.Module):
         scalars: int = 0,
         hidden: int | None = None,
         hidden_scalars: int | None = None,
+        *,
+        paths: bool = False,
+        gate: str = "scalar",
     ):
         super().__init__()
+        if gate not in self.GATES:
+            raise ValueError(f"GeometricMLP: gate must be one of {', '.join(self.GATES)}, got {gate!r}")
         self.algebra = algebra
         hidden = hidden or 2 * channels
         hidden_scalars = (hidden_scalars or 2 * scalars) if scalars else 0
         self.hidden = hidden
         self.inner = EquiLinear(algebra, channels, 2 * hidden, scalars, hidden_scalars)
         self.outer = EquiLinear(algebra, hidden, channels, hidden_scalars, scalars)
+        self.product = GradePathProduct(algebra, hidden) if paths else None
+        self.gate = GradeGate(algebra, hidden) if gate == "grades" else None
 
     def forward(self, x: Tensor, s: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         h, hs = self.inner(x, s)
         # split with blades first: the split's backward (one cat) then writes the gradient blade by
         # blade, the order in which `inner` reads it
         left, right = (part.movedim(0, -1) for part in h.movedim(-1, 0).split(self.hidden, -1))
-        u = self.algebra.geometric_product(left, right)
-        # the gate from the scalar blade, read as the first slice of blades: its gradient (zero but
-        # there) is laid out blade by blade like u's, so a blade-major u keeps a blade-major gradient
-        u = u * F.gelu(u.movedim(-1, 0)[0])[..., None]
+        if self.product is None:
+            u = self.algebra.geometric_product(left, right)
+        else:
+            u = self.product(left, right)
+        if self.gate is None:
+            # the gate from the scalar blade, read as the first slice of blades: its gradient (zero but
+            # there) is laid out blade by blade like u's, so a blade-major u keeps a blade-major gradient
+            u = u * F.gelu(u.movedim(-1, 0)[0])[..., None]
+        else:
+            u = self.gate(u)
         return self.outer(u, F.gelu(hs) if hs is not None else None)

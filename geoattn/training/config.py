@@ -85,8 +85,16 @@ class TrainConfig:
         "lr·(min_lr/lr)^progress)",
     )
     warmup_iters: int = _opt(100, "linear warmup steps")
+    hold_iters: int = _opt(
+        0, "steps held at lr after the warmup before the decay starts (warmup-stable-decay; CGENN holds 3/4)"
+    )
     lr_decay_iters: int | None = _opt(None, "steps of the decay (default: max_iters)")
     weight_decay: float = _opt(0.1, "AdamW weight decay (matrices only unless the model says otherwise)")
+    optimizer: str = _opt(
+        "adamw",
+        "adamw (decoupled weight decay) | adam (weight_decay as an L2 term in the gradient, as CGENN and "
+        "EGNN train; over the same parameter groups)",
+    )
     beta1: float = _opt(0.9, "AdamW beta1")
     beta2: float = _opt(0.95, "AdamW beta2")
     grad_clip: float = _opt(1.0, "gradient-norm clipping (0 disables)")
@@ -130,8 +138,11 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.warmup_iters < 0:
-            raise ConfigError(f"warmup_iters must be >= 0, got {self.warmup_iters}")
+        for name in ("warmup_iters", "hold_iters"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(
                 f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}"
@@ -173,6 +184,7 @@ class TrainConfig:
 
 
 LR_SCHEDULES = ("cosine", "exponential")
+OPTIMIZERS = ("adamw", "adam")
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}

@@ -64,14 +64,18 @@ def run_model(task: Task, config: TrainConfig) -> TaskModel:
 
 
 def scheduled_lr(it: int, config: TrainConfig) -> float:
-    """Learning rate of (0-based) step ``it``: linear warmup to ``lr``, then ``config.lr_schedule``
-    (cosine or exponential) down to ``config.final_lr`` at ``decay_iters``, then flat."""
+    """Learning rate of (0-based) step ``it``: linear warmup to ``lr``, held there ``hold_iters`` steps,
+    then ``config.lr_schedule`` (cosine or exponential) down to ``config.final_lr`` at ``decay_iters``,
+    then flat."""
     final = config.final_lr
     if it < config.warmup_iters:
         return config.lr * (it + 1) / (config.warmup_iters + 1)
     if it >= config.decay_iters:
         return final
-    progress = (it - config.warmup_iters) / max(1, config.decay_iters - config.warmup_iters)
+    start = config.warmup_iters + config.hold_iters
+    if it < start:
+        return config.lr
+    progress = (it - start) / max(1, config.decay_iters - start)
     if config.lr_schedule == "exponential":
         return config.lr * (final / config.lr) ** progress
     return final + 0.5 * (1.0 + math.cos(math.pi * progress)) * (config.lr - final)
@@ -458,11 +462,13 @@ class Trainer:
         return summary_line(record, self.config.max_iters)
 
 
-def make_optimizer(model: TaskModel, config: TrainConfig) -> torch.optim.AdamW:
-    """The trainer's AdamW over ``model.optim_groups``, fused: one pass over every parameter tensor per
-    step instead of a dozen operations per tensor (the same update; the hypersphere models have twice
-    the transformer's parameter tensors, so the per-tensor cost weighed more on them)."""
-    return torch.optim.AdamW(
+def make_optimizer(model: TaskModel, config: TrainConfig) -> torch.optim.Adam:
+    """The trainer's AdamW (or Adam with an L2 term: ``config.optimizer``) over ``model.optim_groups``,
+    fused: one pass over every parameter tensor per step instead of a dozen operations per tensor (the
+    same update; the hypersphere models have twice the transformer's parameter tensors, so the
+    per-tensor cost weighed more on them)."""
+    kind = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
+    return kind(
         model.optim_groups(config.weight_decay),
         lr=config.lr,
         betas=(config.beta1, config.beta2),

@@ -53,6 +53,9 @@ class CliffordGNNConfig:
         signed_charges: read each body's charge (or mass) ``c_i`` itself as a scalar; False: its square,
             so the model is invariant under flipping every charge, as the dynamics are (the forces go
             with ``c_i c_j``, which the pairs read either way; a mass, positive, loses nothing).
+        paths: the geometric MLPs' products with a learned weight per grade path (CGENN's).
+        gate: the geometric MLPs' gate: ``scalar`` (GELU of the scalar part) | ``grades`` (a sigmoid
+            per grade of invariants, CGENN's MVSiLU).
     """
 
     n_layer: int = 4
@@ -61,12 +64,17 @@ class CliffordGNNConfig:
     mlp_ratio: int = 2
     velocity_output: bool = True
     signed_charges: bool = True
+    paths: bool = False
+    gate: str = "scalar"
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "channels", "scalars", "mlp_ratio"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"CliffordGNNConfig.{name} must be a positive integer, got {value!r}")
+        if self.gate not in GeometricMLP.GATES:
+            gates = ", ".join(GeometricMLP.GATES)
+            raise ConfigError(f"CliffordGNNConfig.gate must be one of {gates}, got {self.gate!r}")
 
     @classmethod
     def from_sizes(cls, sizes: ModelSizes, options: dict[str, Any] | None = None) -> CliffordGNNConfig:
@@ -95,11 +103,12 @@ class CliffordMessageLayer(nn.Module):
         self.geometry = EquiLinear(ga, self.GEOMETRY_CHANNELS, C, self.INVARIANTS, S, bias=False)
         self.message_norm = GradeLayerNorm(ga, per_grade=False)
         self.message_scalar_norm = nn.LayerNorm(S)
-        self.message_mlp = GeometricMLP(ga, C, S, hidden=hidden)
+        mlp = {"hidden": hidden, "paths": config.paths, "gate": config.gate}
+        self.message_mlp = GeometricMLP(ga, C, S, **mlp)
         self.update = EquiLinear(ga, 2 * C, C, 2 * S, S)
         self.node_norm = GradeLayerNorm(ga, per_grade=False)
         self.node_scalar_norm = nn.LayerNorm(S)
-        self.node_mlp = GeometricMLP(ga, C, S, hidden=hidden)
+        self.node_mlp = GeometricMLP(ga, C, S, **mlp)
 
     def forward(self, h: Tensor, s: Tensor, geometry: Tensor, invariants: Tensor) -> tuple[Tensor, Tensor]:
         a, a_s = self.receiver(h, s)
