@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from geoattn.tasks.nbody.charged import egnn_file_names
+from geoattn.tasks.nbody.charged import egnn_file_names, peer_run_problem
 
 FILES = list(egnn_file_names().values())  # EGNN's twelve .npy files
 
@@ -75,13 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     command = [sys.executable, sys.argv[0], *(argv if argv is not None else sys.argv[1:])]
 
     cgenn, data, out = Path(args.cgenn).resolve(), Path(args.data).resolve(), Path(args.out).resolve()
-    if not (cgenn / "models" / "nbody_cggnn.py").is_file():
-        fail(f"{cgenn} has no models/nbody_cggnn.py (a checkout of CGENN's repository is needed)")
-    missing = [f for f in FILES if not (data / f).is_file()]
-    if missing:
-        fail(f"{data / missing[0]} is missing (EGNN's layout, e.g. geoattn data make nbody-charged)")
-    if (out / "metrics.json").exists() and not args.force:
-        fail(f"{out / 'metrics.json'} exists (--force overwrites)")
+    problem = peer_run_problem(cgenn, "models/nbody_cggnn.py", data, out, args.force)
+    if problem:
+        fail(problem)
     if args.steps < 64:
         fail(f"--steps {args.steps}: their schedule warms up over 1/64 of the steps (at least 64 needed)")
 

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from geoattn.tasks.nbody.charged import egnn_file_names
+from geoattn.tasks.nbody.charged import egnn_file_names, peer_run_problem
 
 FILES = list(egnn_file_names().values())  # EGNN's twelve .npy files
 
@@ -57,13 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     command = [sys.executable, sys.argv[0], *(argv if argv is not None else sys.argv[1:])]
 
     egnn, data, out = Path(args.egnn).resolve(), Path(args.data).resolve(), Path(args.out).resolve()
-    if not (egnn / "main_nbody.py").is_file():
-        fail(f"{egnn} has no main_nbody.py (a checkout of EGNN's repository is needed)")
-    missing = [f for f in FILES if not (data / f).is_file()]
-    if missing:
-        fail(f"{data / missing[0]} is missing (EGNN's layout, e.g. geoattn data make nbody-charged)")
-    if (out / "metrics.json").exists() and not args.force:
-        fail(f"{out / 'metrics.json'} exists (--force overwrites)")
+    problem = peer_run_problem(egnn, "main_nbody.py", data, out, args.force)
+    if problem:
+        fail(problem)
     steps_per_epoch = args.train_size // 100
     if args.steps % steps_per_epoch:
         fail(f"--steps {args.steps} is not a whole number of epochs of {steps_per_epoch} steps")

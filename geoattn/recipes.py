@@ -22,6 +22,25 @@ def recipe(task: str, model: str) -> dict[str, Any]:
 
 def build_config(*layers: dict[str, Any]) -> TrainConfig:
     """The TrainConfig of a run: the task's recipe for the model, then ``layers`` (lowest first: a
-    saved config, TOML, ``--set``, flags). The task and model are those the layers name."""
-    probe = merge({}, *layers)
-    return merge(recipe(probe.task, probe.model), *layers)
+    saved config, TOML, ``--set``, flags). The task and model are those the layers name.
+
+    A recipe with a held rate (``hold_iters``) is a schedule of its own run length: a run of another
+    length that sets neither ``warmup_iters`` nor ``hold_iters`` gets both scaled with it, so the
+    warmup, the hold and the decay keep their shares of the run.
+    """
+
+    # the task and model only (a layer's settings may be valid only on top of the recipe, e.g. a
+    # hold for the recipe's run length): the last layer that names each, else TrainConfig's default
+    def named(key: str) -> str:
+        given = [layer[key] for layer in layers if key in layer]
+        return given[-1] if given else TrainConfig.__dataclass_fields__[key].default
+
+    base = recipe(named("task"), named("model"))
+    if base.get("hold_iters") and not any("warmup_iters" in lay or "hold_iters" in lay for lay in layers):
+        length = base.get("lr_decay_iters") or base.get("max_iters") or named("max_iters")
+        lengths = (lay[k] for lay in reversed(layers) for k in ("lr_decay_iters", "max_iters") if lay.get(k))
+        run = int(next(lengths, length))
+        if run != length:
+            shares = ("warmup_iters", "hold_iters")
+            base = {**base, **{k: round(base.get(k, 0) * run / length) for k in shares}}
+    return merge(base, *layers)

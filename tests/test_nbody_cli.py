@@ -142,3 +142,26 @@ def test_the_rotor_default_is_the_recipe_the_selection_experiment_names():
     assert build_config({"task": "nbody", "model": "rotor", "lr": 1e-3}).lr == 1e-3
     recipe = next(c for c in load_spec("nbody-lr").cells if "(recipe)" in c.name)
     assert recipe.fields["lr"] == config.lr and recipe.fields["lr_schedule"] == config.lr_schedule
+
+
+def test_the_clifford_default_is_the_schedule_the_test_experiment_ran_and_scales_with_the_run():
+    """`--task nbody --model clifford` without flags is nbody-cgenn-schedule's cell (CGENN's schedule at
+    the rate nbody-clifford-hold-lr chose); another run length scales the warmup and the hold with it
+    (their shares of the run), a warmup or hold the user sets is kept, and "none" gives a field its
+    own default back (the old experiments pin the old recipe so)."""
+    from geoattn.experiments import load_spec
+    from geoattn.recipes import build_config
+
+    config = build_config({"task": "nbody", "model": "clifford"})
+    cell = next(c for c in load_spec("nbody-cgenn-schedule").cells if "CGENN's schedule" in c.name)
+    for key in ("lr", "min_lr", "warmup_iters", "hold_iters", "weight_decay"):
+        assert getattr(config, key) == cell.fields[key], key
+    assert config.max_iters == 4260
+    longer = build_config({"task": "nbody", "model": "clifford", "max_iters": 17040})
+    assert (longer.warmup_iters, longer.hold_iters) == (264, 12516)  # 4 × (66, 3129)
+    short = build_config({"task": "nbody", "model": "clifford", "max_iters": 60})
+    assert short.warmup_iters + short.hold_iters < 60
+    kept = build_config({"task": "nbody", "model": "clifford", "max_iters": 17040, "hold_iters": 100})
+    assert (kept.warmup_iters, kept.hold_iters) == (66, 100)
+    old = build_config({"task": "nbody", "model": "clifford", "min_lr": "none", "hold_iters": 0})
+    assert old.min_lr is None and old.final_lr == pytest.approx(8e-4) and old.hold_iters == 0

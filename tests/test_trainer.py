@@ -87,6 +87,8 @@ def test_hold_keeps_the_peak_rate_before_the_decay_and_adam_adds_an_l2_term():
     assert scheduled_lr(110, config) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="hold_iters must be >= 0"):
         TrainConfig(hold_iters=-1)
+    with pytest.raises(ValueError, match=r"warmup_iters \+ hold_iters \(10 \+ 100\) must end before"):
+        TrainConfig(warmup_iters=10, hold_iters=100, max_iters=110)
     with pytest.raises(ValueError, match="optimizer must be one of adamw, adam"):
         TrainConfig(optimizer="sgd")
     layer = nn.Linear(1, 1, bias=False)

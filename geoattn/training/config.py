@@ -141,6 +141,11 @@ class TrainConfig:
         for name in ("warmup_iters", "hold_iters"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.hold_iters and self.warmup_iters + self.hold_iters >= self.decay_iters:
+            raise ConfigError(
+                f"warmup_iters + hold_iters ({self.warmup_iters} + {self.hold_iters}) must end before the "
+                f"decay does (at {self.decay_iters} steps): set --hold-iters for this run's length"
+            )
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.lr_schedule not in LR_SCHEDULES:
@@ -202,8 +207,8 @@ def coerce(name: str, value: Any) -> Any:
     if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
         args = [a for a in typing.get_args(kind) if a is not type(None)]
         optional, kind = len(args) < len(typing.get_args(kind)), args[0]
-    if value is None:
-        if optional:
+    if value is None or optional and isinstance(value, str) and value.lower() == "none":
+        if optional:  # "none": a field's own default where a recipe set one (TOML has no null)
             return None
         raise ConfigError(f"{name} cannot be empty")
     origin = typing.get_origin(kind) or kind

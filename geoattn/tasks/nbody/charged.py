@@ -186,6 +186,20 @@ def egnn_file_names(names: tuple[str, ...] = SETS, particles: int = 5) -> dict[t
     return {(n, a): f"{a}_{FILE_TAGS[n]}{suffix(particles)}.npy" for n in names for a in ARRAYS}
 
 
+def peer_run_problem(checkout: Path, marker: str, data: Path, out: Path, force: bool) -> str | None:
+    """What stops a peer's n-body runner (benchmarks/*_nbody.py), as one line, or None: ``checkout``
+    lacks the peer's ``marker`` file, a file of EGNN's layout is missing from ``data``, or
+    ``out/metrics.json`` exists and ``force`` is off (a finished run is never overwritten silently)."""
+    if not (checkout / marker).is_file():
+        return f"{checkout} has no {marker} (a checkout of the peer's repository is needed)"
+    missing = [f for f in egnn_file_names().values() if not (data / f).is_file()]
+    if missing:
+        return f"{data / missing[0]} is missing (EGNN's layout, e.g. geoattn data make nbody-charged)"
+    if (out / "metrics.json").exists() and not force:
+        return f"{out / 'metrics.json'} exists (--force overwrites)"
+    return None
+
+
 def egnn_paths(directory: str | Path, names: tuple[str, ...] = SETS, particles: int = 5) -> dict:
     """``{(set, array): path}`` of EGNN's files for ``names`` in ``directory``; DataError if any exists."""
     directory = Path(directory)
