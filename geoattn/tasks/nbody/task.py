@@ -96,8 +96,9 @@ class NBodyTask(Task):
         # nbody-clifford-wd chose (of 0, 0.1, 0.5, 2: it slows, not stops, memorising the 3,000
         # systems), CGENN's schedule (warmup 1/64, held to 3/4, a cosine to 1e-7; nbody-clifford-cgenn-
         # recipe) at the rate nbody-clifford-hold-lr chose, for nbody-cgenn-schedule's 4,260 steps (a
-        # longer run sets --hold-iters too). Experiments before it pin the old recipe's lr 2e-3, no
-        # warmup, no hold and min_lr "none" (lr/10) in their cells.
+        # run of another length scales the warmup and hold; 17,040 steps at this rate memorise more
+        # and read worse: nbody-cgenn-schedule-17k). Experiments before it pin the old recipe's lr
+        # 2e-3, no warmup, no hold and min_lr "none" (lr/10) in their cells.
         "clifford": {
             "lr": 8e-3,
             "min_lr": 1e-7,
