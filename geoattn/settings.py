@@ -9,13 +9,32 @@ tables) is built through :func:`settings_from`, so an unknown key or a bad value
 from __future__ import annotations
 
 import dataclasses
+import sys
 import typing
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from geoattn.errors import ConfigError
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 T = TypeVar("T")
+
+
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """The TOML document at ``path``; ConfigError (one line, ``what`` naming the file's role, e.g.
+    "config file") when it is missing or not valid TOML."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} {path} does not exist")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{what} {path} is not valid TOML: {err}") from None
 
 
 def setting_names(cls: type, exclude: Iterable[str] = ()) -> list[str]:

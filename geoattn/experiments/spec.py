@@ -49,6 +49,22 @@ arguments, run from the working directory) and ``max_iters`` (its budget in step
 ``{python}`` (the interpreter running the experiment) and ``{peers}`` (``$GEOATTN_PEERS``, default
 ``../peers``: where the peers' checkouts and environments live) are filled in. The command writes
 ``{out}/metrics.json`` (a flat object of numbers); the runner records it as the run's final metrics.
+
+A peer cell that several experiments report (the same runs, read by each) is written once, in
+``peers.toml`` beside the experiment files, under an id, and named by it::
+
+    # experiments/peers.toml
+    [egnn-charged-4260]
+    name = "EGNN (its own code), lr 2e-3"
+    max_iters = 4260
+    command = ["{python}", "benchmarks/egnn_nbody.py", ...]
+
+    # experiments/nbody-cgenn.toml
+    [[cells]]
+    peer = "egnn-charged-4260"
+
+A run's directory is keyed by the cell's name, command, budget and the base's ``data``, so every
+experiment naming the peer on the same files shares its runs.
 """
 
 from __future__ import annotations
@@ -64,14 +80,11 @@ from typing import Any
 
 from geoattn.errors import ConfigError
 from geoattn.recipes import build_config
+from geoattn.settings import read_toml
 from geoattn.training.config import FIELDS, TrainConfig
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 EXPERIMENTS_DIR = Path("experiments")
+PEERS_FILE = "peers.toml"  # the named peer cells, beside the experiment files (not an experiment)
 PLOT_KINDS = ("bar", "curve")
 TOP_KEYS = {
     "description",
@@ -162,13 +175,44 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_") or "cell"
 
 
+def _peer_cell(raw: dict[str, Any], where: str) -> Cell:
+    """A peer cell from its table (``name``, ``command``, ``max_iters``); ConfigError naming the fault."""
+    command = raw.get("command")
+    extra = sorted(set(raw) - {"name", *PEER_FIELDS})
+    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+        raise ConfigError(f"{where}: cell {raw['name']!r}: command must be a non-empty list of strings")
+    if extra or not isinstance(raw.get("max_iters"), int):
+        raise ConfigError(
+            f"{where}: peer cell {raw['name']!r} takes command and max_iters (an integer) only"
+            + (f", got {', '.join(extra)}" if extra else "")
+        )
+    return Cell(raw["name"], {"max_iters": raw["max_iters"]}, command)
+
+
+def load_peers(path: Path) -> dict[str, dict[str, Any]]:
+    """The named peer cells of ``path`` (``experiments/peers.toml``): id → its table (``name``,
+    ``command``, ``max_iters``), each checked as an experiment's peer cell is; ConfigError (one line)."""
+    doc = read_toml(path, "peer file")
+    for key, table in doc.items():
+        if not isinstance(table, dict) or not isinstance(table.get("name"), str):
+            raise ConfigError(f"peer file {path}: [{key}] needs a name, a command and max_iters")
+        _peer_cell(table, f"peer file {path}")
+    return doc
+
+
 def find_spec(name: str) -> Path:
     """``experiments/NAME.toml`` (relative to the working directory) or ``name`` as a path."""
     candidates = [Path(name), EXPERIMENTS_DIR / f"{name}.toml"]
     for path in candidates:
         if path.is_file():
+            if path.name == PEERS_FILE:
+                raise ConfigError(f"{path} holds the peer cells experiments name, not an experiment")
             return path
-    available = sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.toml")) if EXPERIMENTS_DIR.is_dir() else []
+    available = (
+        sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.toml") if p.name != PEERS_FILE)
+        if EXPERIMENTS_DIR.is_dir()
+        else []
+    )
     raise ConfigError(
         f"no experiment {name!r}: neither {candidates[1]} nor a file {name} exists"
         + (f"; available: {', '.join(available)}" if available else "")
@@ -178,10 +222,7 @@ def find_spec(name: str) -> Path:
 def load_spec(name: str) -> ExperimentSpec:
     """Parse and check an experiment file; ConfigError (one line) naming the problem."""
     path = find_spec(name)
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"experiment file {path} is not valid TOML: {err}") from None
+    doc = read_toml(path, "experiment file")
     where = f"experiment file {path}"
     unknown = sorted(set(doc) - TOP_KEYS)
     if unknown:
@@ -201,26 +242,32 @@ def load_spec(name: str) -> ExperimentSpec:
     if not isinstance(raw_cells, list) or not raw_cells:
         raise ConfigError(f"{where}: needs at least one [[cells]] entry")
     cells, names = [], set()
+    peers: dict[str, dict[str, Any]] | None = None  # read when a cell first names one
     for index, raw in enumerate(raw_cells):
+        if isinstance(raw, dict) and "peer" in raw:
+            extra = sorted(set(raw) - {"peer"})
+            if extra:
+                raise ConfigError(
+                    f"{where}: cell {index + 1} names peer {raw['peer']!r} and takes nothing else, got "
+                    f"{', '.join(extra)} (a peer's name, command and budget live in {PEERS_FILE})"
+                )
+            if peers is None:
+                peers = load_peers(path.parent / PEERS_FILE)
+            if raw["peer"] not in peers:
+                raise ConfigError(
+                    f"{where}: cell {index + 1}: no peer {raw['peer']!r} in {path.parent / PEERS_FILE}"
+                    + (f"; defined: {', '.join(sorted(peers))}" if peers else "")
+                )
+            raw = peers[raw["peer"]]
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise ConfigError(f"{where}: cell {index + 1} needs a name")
         fields = {k: v for k, v in raw.items() if k != "name"}
         if "command" in fields:
-            command = fields["command"]
-            extra = sorted(set(fields) - set(PEER_FIELDS))
-            if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
-                raise ConfigError(
-                    f"{where}: cell {raw['name']!r}: command must be a non-empty list of strings"
-                )
-            if extra or not isinstance(fields.get("max_iters"), int):
-                raise ConfigError(
-                    f"{where}: peer cell {raw['name']!r} takes command and max_iters (an integer) only"
-                    + (f", got {', '.join(extra)}" if extra else "")
-                )
-            if _slug(raw["name"]) in names:
-                raise ConfigError(f"{where}: two cells named {raw['name']!r}")
-            names.add(_slug(raw["name"]))
-            cells.append(Cell(raw["name"], {"max_iters": fields["max_iters"]}, command))
+            cell = _peer_cell(raw, where)
+            if _slug(cell.name) in names:
+                raise ConfigError(f"{where}: two cells named {cell.name!r}")
+            names.add(_slug(cell.name))
+            cells.append(cell)
             continue
         bad = sorted(k for k in [*fields, *base] if k not in FIELDS or k in ("out", "seed"))
         if bad:

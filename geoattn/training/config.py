@@ -18,6 +18,7 @@ from typing import Any
 
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes
+from geoattn.settings import read_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -261,14 +262,7 @@ def flatten_toml(table: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        document = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
-    return flatten_toml(document, str(path))
+    return flatten_toml(read_toml(path, "config file"), str(path))
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
