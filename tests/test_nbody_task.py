@@ -523,6 +523,36 @@ def test_evaluate_sets_and_a_short_training_run(task):
     assert task.metrics(prediction, y)["mse"] == pytest.approx(float(loss))
 
 
+def test_the_error_profile_tells_a_typical_sample_from_the_worst(task):
+    """`geoattn eval`'s n-body rows on how each MSE is made up: per-sample errors whose mean is the
+    set's MSE (against F.mse_loss over the whole set), the median and the worst 1 %'s share on known
+    numbers, and the training set's MSE over every sample beside the trainer's batch estimates."""
+    from geoattn.tasks.nbody.task import error_profile, sample_errors
+
+    torch.manual_seed(0)
+    model = task.build_model("transformer", ModelSizes(n_layer=1, n_head=2, n_embd=16)).eval()
+    data = task.dataset("val")
+    errors = sample_errors(model, data, batch_size=64)
+    with torch.no_grad():
+        prediction, _ = model(data.inputs().float())
+    whole = torch.nn.functional.mse_loss(prediction.double(), data.x_final.double())
+    assert errors.shape == (len(data),) and float(errors.mean()) == pytest.approx(float(whole), rel=1e-6)
+    known = torch.tensor([1.0] * 198 + [50.0, 50.0], dtype=torch.float64)  # 2 of 200 are the worst 1 %
+    assert error_profile(known) == {
+        "mse": pytest.approx(1.49),
+        "mse_median": 1.0,
+        "worst_1pct_share": pytest.approx(100 / 298),
+    }
+    assert error_profile(torch.zeros(3, dtype=torch.float64))["worst_1pct_share"] == 0.0
+    rows = {r.metric: r for r in task.evaluation(model, torch.device("cpu"), lambda: {}, over="-")}
+    train = sample_errors(model, task.dataset("train"))
+    assert rows["train_mse_full"].value == pytest.approx(float(train.mean()))
+    assert rows["val_mse_median"].value == pytest.approx(float(errors.median()))
+    assert rows["val_mse_full"].value == pytest.approx(float(whole), rel=1e-6)
+    for name in ("train", "val", "eval", "e3_generalization", "object_generalization"):
+        assert 0.01 <= rows[f"{name}_worst_1pct_share"].value <= 1.0, name
+
+
 def test_baselines_are_the_static_and_free_motion_predictions(task):
     for name in ("eval", "object_generalization"):
         data, baselines = task.dataset(name), task.baselines(name)
