@@ -527,7 +527,7 @@ def test_the_error_profile_tells_a_typical_sample_from_the_worst(task):
     """`geoattn eval`'s n-body rows on how each MSE is made up: per-sample errors whose mean is the
     set's MSE (against F.mse_loss over the whole set), the median and the worst 1 %'s share on known
     numbers, and the training set's MSE over every sample beside the trainer's batch estimates."""
-    from geoattn.tasks.nbody.task import error_profile, sample_errors
+    from geoattn.tasks.nbody.task import closest_distance, error_profile, sample_errors
 
     torch.manual_seed(0)
     model = task.build_model("transformer", ModelSizes(n_layer=1, n_head=2, n_embd=16)).eval()
@@ -544,6 +544,16 @@ def test_the_error_profile_tells_a_typical_sample_from_the_worst(task):
         "worst_1pct_share": pytest.approx(100 / 298),
     }
     assert error_profile(torch.zeros(3, dtype=torch.float64))["worst_1pct_share"] == 0.0
+    closest = torch.arange(200, dtype=torch.float64)  # the two worst samples are the last two
+    assert error_profile(known, closest)["closest_worst_1pct"] == 198.0  # torch's lower median of 198, 199
+    assert error_profile(known, closest)["closest_median"] == 99.0
+    x = data.x_initial[:5].double()
+    loop = [
+        min(float((x[s, i] - x[s, j]).norm()) for i in range(4) for j in range(4) if i != j) for s in range(5)
+    ]
+    torch.testing.assert_close(
+        closest_distance(data.subset(torch.arange(5))), torch.tensor(loop, dtype=torch.float64)
+    )
     rows = {r.metric: r for r in task.evaluation(model, torch.device("cpu"), lambda: {}, over="-")}
     train = sample_errors(model, task.dataset("train"))
     assert rows["train_mse_full"].value == pytest.approx(float(train.mean()))

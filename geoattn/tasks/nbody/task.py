@@ -6,6 +6,7 @@ object generalisation for gravity, the equivariance error)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -312,11 +313,13 @@ class NBodyTask(Task):
         # apart from the trainer's last-batch loss: a batch rarely holds the rare samples that make
         # an MSE, so the two are not comparable
         for name in ("train", *SYSTEM_EVAL_SETS[self.config.system]):
-            profile = error_profile(sample_errors(model, self.dataset(name)))
-            where = f"all {len(self.dataset(name)):,} {name} samples, one error per sample"
+            data = self.dataset(name)
+            profile = error_profile(sample_errors(model, data), closest_distance(data))
+            where = f"all {len(data):,} {name} samples, one error per sample"
             if name == "train":
                 rows.append(EvalRow("train_mse_full", profile["mse"], where))
-            rows += [EvalRow(f"{name}_{k}", profile[k], where) for k in ("mse_median", "worst_1pct_share")]
+            keys = ("mse_median", "worst_1pct_share", "closest_median", "closest_worst_1pct")
+            rows += [EvalRow(f"{name}_{k}", profile[k], where) for k in keys]
         if self.config.system == "gravity":
             where = f"the {len(self.dataset('e3_generalization')):,} e3_generalization samples, shift removed"
             name = "e3_generalization_unshifted_mse"
@@ -387,17 +390,31 @@ def sample_errors(model: nn.Module, data: NBodySet, batch_size: int = EQUIVARIAN
     return torch.cat(errors)
 
 
-def error_profile(errors: Tensor) -> dict[str, float]:
-    """How a set's MSE is made up, from :func:`sample_errors`: ``mse`` (their mean), ``mse_median``
-    (the typical sample's), and ``worst_1pct_share``, the share of the summed error carried by the worst
-    1 % of samples (at least one): near 1 when a few samples (close encounters) make the MSE."""
-    worst = errors.sort(descending=True).values[: max(1, len(errors) // 100)]
+def error_profile(errors: Tensor, closest: Tensor | None = None) -> dict[str, float]:
+    """How a set's MSE is made up, from :func:`sample_errors` ``(S,)``: ``mse`` (their mean),
+    ``mse_median`` (the typical sample's), and ``worst_1pct_share``, the share of the summed error
+    carried by the worst 1 % of samples (at least one): near 1 when a few samples make the MSE. With
+    ``closest (S,)`` (each sample's :func:`closest_distance`) also ``closest_median`` over all samples and
+    ``closest_worst_1pct``, its median over those worst samples: what they are (close encounters)."""
+    order = errors.argsort(descending=True)
+    worst = order[: max(1, len(errors) // 100)]
     total = errors.sum()
-    return {
+    profile = {
         "mse": float(errors.mean()),
         "mse_median": float(errors.median()),
-        "worst_1pct_share": float(worst.sum() / total) if total > 0 else 0.0,
+        "worst_1pct_share": float(errors[worst].sum() / total) if total > 0 else 0.0,
     }
+    if closest is not None:
+        profile["closest_median"] = float(closest.median())
+        profile["closest_worst_1pct"] = float(closest[worst].median())
+    return profile
+
+
+def closest_distance(data: NBodySet) -> Tensor:
+    """``(S,)``: each sample's smallest distance between two bodies at the start."""
+    x = data.x_initial.double()
+    apart = torch.cdist(x, x) + torch.diag(torch.full((x.shape[1],), math.inf, dtype=x.dtype))
+    return apart.flatten(1).min(1).values
 
 
 @torch.no_grad()
