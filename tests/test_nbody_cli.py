@@ -165,3 +165,20 @@ def test_the_clifford_default_is_the_schedule_the_test_experiment_ran_and_scales
     assert (kept.warmup_iters, kept.hold_iters) == (66, 100)
     old = build_config({"task": "nbody", "model": "clifford", "min_lr": "none", "hold_iters": 0})
     assert old.min_lr is None and old.final_lr == pytest.approx(8e-4) and old.hold_iters == 0
+
+
+def test_a_run_plots_its_errors_by_distance_and_force_clears_them(gatr_dir, tmp_path, capsys):
+    """The task's own figure (`task_errors.png`: each validation sample's error against its closest
+    pair of bodies) is written with the run's plots, named in the summary, and removed by --force."""
+    out = tmp_path / "run"
+    flags = [a for a in TINY if a != "--no-plots"]
+    assert (
+        main(["train", *flags, *STEPS, "--data", str(gatr_dir), "--out", str(out), "--model", "transformer"])
+        == 0
+    )
+    figure = out / "task_errors.png"
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "task_errors.png" in json.loads((out / "summary.json").read_text())["plots"]
+    assert train(out, gatr_dir, "--model", "transformer", "--force") == 0  # --no-plots: nothing redrawn
+    assert not figure.exists()
+    capsys.readouterr()

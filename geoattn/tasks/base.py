@@ -15,6 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -149,6 +150,11 @@ class Task(ABC):
     def final_metrics(self, model: TaskModel, device: torch.device) -> dict[str, float]:
         """Full-set metrics computed once at the end of training (lm: the whole validation split)."""
         return {}
+
+    def plots(self, model: TaskModel, directory: Path) -> list[Path]:
+        """The task's own figures of a trained model, written at the end of a run as
+        ``directory/task_*.png`` (cleared with the run's files by ``--force``); default: none."""
+        return []
 
     def evaluation(
         self,

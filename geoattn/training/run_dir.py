@@ -80,6 +80,7 @@ class RunDirectory:
     TENSORBOARD = "tensorboard"  # a folder: TensorBoard event files (geoattn.training.loggers)
     EVALUATION = "evaluation.json"
     PLOTS = ("loss.png", "attention.png", "precision.png")
+    OWN_PLOT_PREFIXES = ("model_", "task_")  # own figures of the model and the task (their .plots)
     FILES = (CONFIG, WEIGHTS, BEST, STATE, METRICS, SUMMARY, EVALUATION, *PLOTS)
 
     def __init__(self, path: str | Path):
@@ -126,14 +127,15 @@ class RunDirectory:
         """Whether ``path`` is one of the files a run writes."""
         if path.name in self.FILES or path.name == self.TENSORBOARD:
             return True
-        return path.name.startswith("model_") and path.suffix == ".png"
+        return path.name.startswith(self.OWN_PLOT_PREFIXES) and path.suffix == ".png"
 
     def clear(self) -> None:
         """Delete the run's own files (and nothing else)."""
         for name in self.FILES:
             self.file(name).unlink(missing_ok=True)
-        for path in self.path.glob("model_*.png"):
-            path.unlink()
+        for prefix in self.OWN_PLOT_PREFIXES:
+            for path in self.path.glob(f"{prefix}*.png"):
+                path.unlink()
         shutil.rmtree(self.file(self.TENSORBOARD), ignore_errors=True)
 
     # ------------------------------------------------------------------ files --------------------
@@ -264,7 +266,8 @@ class RunDirectory:
         model shows one; the RT precision if it has an RT layer; the model's own (``model.plots``).
 
         Clearing a run (``--force``) removes the PNGs named in ``PLOTS``; a model's own plots are
-        named ``model_*.png`` so they are cleared too."""
+        named ``model_*.png`` (and a task's, written by the trainer, ``task_*.png``) so they are cleared
+        too."""
         written = [plots.loss_curves(self.metrics(), self.file("loss.png"), title=self.path.name)]
         if x is not None:
             maps = model.attention_maps(x[:1]) if x is not None else []

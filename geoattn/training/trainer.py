@@ -423,7 +423,7 @@ class Trainer:
         return x
 
     def _plots(self) -> list[Path]:
-        return self.run.plot(self.model, self._plot_input())
+        return self.run.plot(self.model, self._plot_input()) + self.task.plots(self.model, self.run.path)
 
     def _step(self) -> dict[str, Any]:
         """One optimiser step; the metrics.jsonl record of it (no evaluation yet)."""

@@ -42,6 +42,7 @@ from geoattn.tasks.nbody.simulator import (
     save_gatr_format,
     simulate_systems,
 )
+from geoattn.training.plots import pyplot
 
 # the sets measured at the end of training (full sets) per system, and the samples of the equivariance error
 EVAL_SETS = ("eval", "e3_generalization", "object_generalization")
@@ -282,6 +283,13 @@ class NBodyTask(Task):
         """MSE on the whole eval, E(3)- and object-generalisation sets; the equivariance error."""
         return self.evaluate_sets(model)
 
+    def plots(self, model: TaskModel, directory: Path) -> list[Path]:
+        """``task_errors.png``: each validation sample's error against the smallest distance between
+        two of its bodies at the start (log-log), the worst 1 % marked: what makes the set's MSE."""
+        data = self.dataset("val")
+        errors, closest = sample_errors(model, data), closest_distance(data)
+        return [plot_errors_by_distance(errors, closest, directory / "task_errors.png", split="val")]
+
     def baselines(self, split: str = "eval") -> dict[str, float]:
         """MSE of two predictions without learning on the whole set ``split``: ``static`` (nothing
         moves) and ``free_motion`` (``x + time · v``, no gravity; ``time`` = ``task.time``)."""
@@ -408,6 +416,41 @@ def error_profile(errors: Tensor, closest: Tensor | None = None) -> dict[str, fl
         profile["closest_median"] = float(closest.median())
         profile["closest_worst_1pct"] = float(closest[worst].median())
     return profile
+
+
+def plot_errors_by_distance(errors: Tensor, closest: Tensor, path: Path, *, split: str) -> Path:
+    """Scatter of per-sample errors ``(S,)`` against closest distances ``(S,)``, log-log, the worst 1 %
+    of samples (by error) in another colour with their share of the summed error in the legend."""
+    plt = pyplot()
+    profile = error_profile(errors, closest)
+    worst = errors.argsort(descending=True)[: max(1, len(errors) // 100)]
+    rest = torch.ones(len(errors), dtype=torch.bool)
+    rest[worst] = False
+    tiny = torch.finfo(torch.float64).tiny  # a zero error or distance stays on a log axis
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    ax.scatter(closest[rest].clamp_min(tiny), errors[rest].clamp_min(tiny), s=4, alpha=0.4, label="samples")
+    share = profile["worst_1pct_share"]
+    ax.scatter(
+        closest[worst].clamp_min(tiny),
+        errors[worst].clamp_min(tiny),
+        s=10,
+        color="C3",
+        label=f"worst 1 % ({len(worst)}): {share:.0%} of the summed error",
+    )
+    ax.axhline(profile["mse"], color="k", lw=0.8, ls="--", label=f"MSE {profile['mse']:.3g}")
+    ax.axhline(profile["mse_median"], color="k", lw=0.8, ls=":", label=f"median {profile['mse_median']:.3g}")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="closest distance between two bodies at the start",
+        ylabel="squared error of the final positions (per sample)",
+        title=f"{split}: {len(errors):,} samples",
+    )
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def closest_distance(data: NBodySet) -> Tensor:
