@@ -3,6 +3,7 @@ names it, and one-line errors."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections import defaultdict
@@ -40,7 +41,13 @@ def test_a_named_peer_is_the_inline_cell_and_shares_its_runs(tmp_path):
     inline = load_spec(str(_write(folder, "inline", "[[cells]]\n" + PEER.split("\n", 1)[1])))
     assert [c.name for c in named.cells] == ["EGNN, its code"]
     runs = tmp_path / "runs"
-    assert named.config(named.cells[0], 1, runs) == inline.config(inline.cells[0], 1, runs)
+    config = named.config(named.cells[0], 1, runs)
+    assert config == inline.config(inline.cells[0], 1, runs)
+    # the key of a peer's runs is what existing run directories hold: the name, and a digest of the
+    # command as written, the budget and the data
+    key = {"peer": ["{python}", "egnn.py", "{out}"], "max_iters": 10, "data": "files"}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    assert config["out"] == str(runs / f"peer-EGNN_its_code-{digest}" / "seed_1")
 
 
 @pytest.mark.parametrize(
@@ -52,6 +59,7 @@ def test_a_named_peer_is_the_inline_cell_and_shares_its_runs(tmp_path):
         (PEER.replace("max_iters = 10\n", ""), '[[cells]]\npeer = "egnn"\n', "an integer"),
         ("[egnn\n", '[[cells]]\npeer = "egnn"\n', "not valid TOML"),
         (PEER, '[[cells]]\npeer = "egnn"\n[[cells]]\npeer = "egnn"\n', "two cells named"),
+        (PEER, '[[cells]]\npeer = ["egnn"]\n', "must be an id"),
     ],
 )
 def test_a_bad_peer_reference_is_one_line(tmp_path, peers, cells, fragment):

@@ -251,8 +251,17 @@ def load_spec(name: str) -> ExperimentSpec:
                     f"{where}: cell {index + 1} names peer {raw['peer']!r} and takes nothing else, got "
                     f"{', '.join(extra)} (a peer's name, command and budget live in {PEERS_FILE})"
                 )
+            if not isinstance(raw["peer"], str):
+                raise ConfigError(
+                    f"{where}: cell {index + 1}: peer must be an id (a string), got {raw['peer']!r}"
+                )
             if peers is None:
-                peers = load_peers(path.parent / PEERS_FILE)
+                try:
+                    peers = load_peers(path.parent / PEERS_FILE)
+                except ConfigError as err:
+                    raise ConfigError(
+                        f"{where}: cell {index + 1} names peer {raw['peer']!r}: {err}"
+                    ) from None
             if raw["peer"] not in peers:
                 raise ConfigError(
                     f"{where}: cell {index + 1}: no peer {raw['peer']!r} in {path.parent / PEERS_FILE}"

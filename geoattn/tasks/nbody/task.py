@@ -312,17 +312,20 @@ class NBodyTask(Task):
         E(3) and object sets (charged: val and test) with the two baselines beside each, and the
         equivariance error."""
         rows = [EvalRow(k, v, over) for k, v in sampled().items()]
-        results = self.evaluate_sets(model)
+        # one error per sample, once per set: the sets' MSEs and how each is made up (typical sample
+        # against the worst 1 %), and the training set's own apart from the trainer's last-batch loss
+        # (a batch rarely holds the rare samples that make an MSE, so the two are not comparable)
+        errors = {
+            n: sample_errors(model, self.dataset(n)) for n in ("train", *SYSTEM_EVAL_SETS[self.config.system])
+        }
+        results = self.evaluate_sets(model, errors=errors)
         for name in SYSTEM_EVAL_SETS[self.config.system]:
             where = f"all {len(self.dataset(name)):,} {name} samples"
             rows.append(EvalRow(_full_key(name), results[_full_key(name)], where))
             rows += [EvalRow(f"{name}_{k}", v, where) for k, v in self.baselines(name).items()]
-        # how each MSE is made up (typical sample against the worst 1 %), and the training set's own,
-        # apart from the trainer's last-batch loss: a batch rarely holds the rare samples that make
-        # an MSE, so the two are not comparable
-        for name in ("train", *SYSTEM_EVAL_SETS[self.config.system]):
+        for name, set_errors in errors.items():
             data = self.dataset(name)
-            profile = error_profile(sample_errors(model, data), closest_distance(data))
+            profile = error_profile(set_errors, closest_distance(data))
             where = f"all {len(data):,} {name} samples, one error per sample"
             if name == "train":
                 rows.append(EvalRow("train_mse_full", profile["mse"], where))
@@ -340,7 +343,12 @@ class NBodyTask(Task):
 
     @torch.no_grad()
     def evaluate_sets(
-        self, model: nn.Module, *, batch_size: int = EQUIVARIANCE_SAMPLES, seed: int = 0
+        self,
+        model: nn.Module,
+        *,
+        batch_size: int = EQUIVARIANCE_SAMPLES,
+        seed: int = 0,
+        errors: dict[str, Tensor] | None = None,
     ) -> dict[str, float]:
         """MSE on ``val`` (``val_mse_full``, for model selection), ``eval``, ``e3_generalization``,
         ``object_generalization``, on the E(3) set with its fixed shift removed
@@ -350,11 +358,18 @@ class NBodyTask(Task):
         Every set runs in batches of its own number of bodies (no padding). The equivariance error is
         :func:`equivariance_error` on the first ``batch_size`` samples of the eval (charged: val) set,
         each with a random rotation or reflection and a translation (std ``shift_std``) from ``seed``.
+        ``errors``: the sets' :func:`sample_errors` where the caller has them already (their means).
         """
         parameter = next(model.parameters())
         sets = SYSTEM_EVAL_SETS[self.config.system]
+        errors = errors or {}
         # val_mse_full: the whole set, apart from the trainer's batch estimate val_mse
-        results = {_full_key(name): _set_mse(model, self.dataset(name), batch_size) for name in sets}
+        results = {
+            _full_key(name): float(errors[name].mean())
+            if name in errors
+            else _set_mse(model, self.dataset(name), batch_size)
+            for name in sets
+        }
         probe = "val" if self.config.system == "charged" else "eval"
         sample = self.dataset(probe).subset(torch.arange(min(batch_size, len(self.dataset(probe)))))
         x = sample.inputs().to(parameter.device, parameter.dtype)
@@ -387,20 +402,27 @@ def _set_mse(model: nn.Module, data: NBodySet, batch_size: int) -> float:
 @torch.no_grad()
 def sample_errors(model: nn.Module, data: NBodySet, batch_size: int = EQUIVARIANCE_SAMPLES) -> Tensor:
     """``(S,)`` float64: each sample's squared error of the final positions, summed over bodies and
-    coordinates and divided by their number (the set's MSE is the mean), in batches of ``batch_size``."""
+    coordinates and divided by their number (the set's MSE is the mean), in batches of ``batch_size``;
+    the model in eval mode (no dropout), its mode restored after."""
     parameter = next(model.parameters())
+    was_training = model.training
+    model.eval()
     errors = []
-    for start in range(0, len(data), batch_size):
-        batch = data.subset(torch.arange(start, min(start + batch_size, len(data))))
-        prediction, _ = model(batch.inputs().to(parameter.device, parameter.dtype))
-        target = batch.x_final.to(prediction.device, prediction.dtype)
-        errors.append((prediction - target).double().square().flatten(1).mean(1).cpu())
+    try:
+        for start in range(0, len(data), batch_size):
+            batch = data.subset(torch.arange(start, min(start + batch_size, len(data))))
+            prediction, _ = model(batch.inputs().to(parameter.device, parameter.dtype))
+            target = batch.x_final.to(prediction.device, prediction.dtype)
+            errors.append((prediction - target).double().square().flatten(1).mean(1).cpu())
+    finally:
+        model.train(was_training)
     return torch.cat(errors)
 
 
 def error_profile(errors: Tensor, closest: Tensor | None = None) -> dict[str, float]:
     """How a set's MSE is made up, from :func:`sample_errors` ``(S,)``: ``mse`` (their mean),
-    ``mse_median`` (the typical sample's), and ``worst_1pct_share``, the share of the summed error
+    ``mse_median`` (the typical sample's; torch's median, the lower middle value of an even count), and
+    ``worst_1pct_share``, the share of the summed error
     carried by the worst 1 % of samples (at least one): near 1 when a few samples make the MSE. With
     ``closest (S,)`` (each sample's :func:`closest_distance`) also ``closest_median`` over all samples and
     ``closest_worst_1pct``, its median over those worst samples: what they are (close encounters)."""
@@ -410,7 +432,8 @@ def error_profile(errors: Tensor, closest: Tensor | None = None) -> dict[str, fl
     profile = {
         "mse": float(errors.mean()),
         "mse_median": float(errors.median()),
-        "worst_1pct_share": float(errors[worst].sum() / total) if total > 0 else 0.0,
+        # nan where the errors are (a diverged model), 0 where there is nothing to share
+        "worst_1pct_share": float(errors[worst].sum() / total) if total > 0 or not total.isfinite() else 0.0,
     }
     if closest is not None:
         profile["closest_median"] = float(closest.median())
@@ -456,7 +479,8 @@ def plot_errors_by_distance(errors: Tensor, closest: Tensor, path: Path, *, spli
 def closest_distance(data: NBodySet) -> Tensor:
     """``(S,)``: each sample's smallest distance between two bodies at the start."""
     x = data.x_initial.double()
-    apart = torch.cdist(x, x) + torch.diag(torch.full((x.shape[1],), math.inf, dtype=x.dtype))
+    apart = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")  # exact, also for many bodies
+    apart = apart + torch.diag(torch.full((x.shape[1],), math.inf, dtype=x.dtype))
     return apart.flatten(1).min(1).values
 
 
