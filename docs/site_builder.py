@@ -286,7 +286,7 @@ def figure_rt_sde(path: Path) -> Path:
 
     from geoattn.algebra import rotate_pairs
     from geoattn.rt import RTSDE
-    from geoattn.training.plots import pyplot
+    from geoattn.training.plots import pyplot, save_figure
 
     dim, paths, m0 = 8, 1500, 2.0
     omega = torch.linspace(0.2, 1.5, dim // 2, dtype=torch.float64)
@@ -314,10 +314,7 @@ def figure_rt_sde(path: Path) -> Path:
         xlabel="Δt", ylabel="angular variance per tangent dimension", title="RT-SDE: transported key noise"
     )
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def figure_head_types(path: Path) -> Path:
@@ -326,7 +323,7 @@ def figure_head_types(path: Path) -> Path:
 
     from geoattn.algebra import CliffordAlgebra
     from geoattn.attention import rotor_attention
-    from geoattn.training.plots import pyplot
+    from geoattn.training.plots import pyplot, save_figure
 
     ga = CliffordAlgebra(3)
     a = torch.tensor([1.0, 0.2, 0.1], dtype=torch.float64)  # query direction
@@ -354,10 +351,7 @@ def figure_head_types(path: Path) -> Path:
             ax.quiver(0, 0, 0, *vec.tolist(), color=color, label=label, arrow_length_ratio=0.1)
         ax.set(xlim=(-1, 1), ylim=(-1, 1), zlim=(-1, 1), title=f"head_type={head!r}")
         ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def figure_rotor_positions(path: Path) -> Path:

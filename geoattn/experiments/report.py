@@ -169,7 +169,7 @@ def _curve_points(stats: dict[str, Stat], prefix: str) -> list[tuple[float, str]
 
 
 def _plot(spec: ExperimentSpec, table: dict[str, dict[str, Stat]], entry: dict[str, str], path: Path) -> Path:
-    from geoattn.training.plots import pyplot
+    from geoattn.training.plots import pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -208,10 +208,7 @@ def _plot(spec: ExperimentSpec, table: dict[str, dict[str, Stat]], entry: dict[s
         ax.set_xscale("log", base=2)
         ax.set(xlabel=entry.get("xlabel", metric), ylabel=entry.get("ylabel", metric), title=f"{spec.name}")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs: Path) -> Path:

@@ -23,6 +23,14 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, path: Path, *, dpi: int = 110) -> Path:
+    """Lay out ``fig``, write it to ``path`` as PNG and close it (pyplot keeps open figures): ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
+
+
 def loss_curves(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
     """The per-step training loss and the evaluated train/val losses against iteration."""
     plt = pyplot()
@@ -41,10 +49,7 @@ def loss_curves(records: list[dict[str, Any]], path: Path, *, title: str = "") -
         ax.plot(iters, [r["val_loss"] for r in evaluated], "o-", label="val")
     ax.set(xlabel="iteration", ylabel="loss", title=f"{title}: loss" if title else "loss")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def attention_map(weights: Tensor, path: Path) -> Path:
@@ -54,10 +59,7 @@ def attention_map(weights: Tensor, path: Path) -> Path:
     image = ax.imshow(weights.detach().float().cpu().numpy(), cmap="viridis", interpolation="nearest")
     fig.colorbar(image, ax=ax, fraction=0.046)
     ax.set(xlabel="key position j", ylabel="query position i", title="attention, layer 0 head 0 (val sample)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @torch.no_grad()
@@ -80,7 +82,4 @@ def rt_precision(params: dict[str, Tensor], path: Path) -> Path:
     ax_m.set(xlabel="key magnitude m = |k|", ylabel="κ at Δt = 1", title="precision vs key magnitude")
     ax_t.set(xlabel="Δt (tokens)", ylabel="κ at m = 1", yscale="log", title="precision vs Δt")
     ax_m.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -42,7 +42,7 @@ from geoattn.tasks.nbody.simulator import (
     save_gatr_format,
     simulate_systems,
 )
-from geoattn.training.plots import pyplot
+from geoattn.training.plots import pyplot, save_figure
 
 # the sets measured at the end of training (full sets) per system, and the samples of the equivariance error
 EVAL_SETS = ("eval", "e3_generalization", "object_generalization")
@@ -470,10 +470,7 @@ def plot_errors_by_distance(errors: Tensor, closest: Tensor, path: Path, *, spli
         title=f"{split}: {len(errors):,} samples",
     )
     ax.legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def closest_distance(data: NBodySet) -> Tensor:
