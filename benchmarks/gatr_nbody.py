@@ -14,11 +14,15 @@ Run with the GATr venv's python (see benchmarks/README.md)::
         --out runs/gatr-s0 --lr 3e-4 --seed 0 --steps 2000 --batch-size 64 --train-size 1000
 
 Writes ``OUT/metrics.json`` (flat: MSE on the full val, eval, e3_generalization and
-object_generalization sets, parameters, walls, the settings and the command) and GATr's own run
-folder ``OUT/run/`` (config.yml, output.log, models/, metrics/*.csv). ``wall_s`` is GATr's whole
-``train()``, including its validation passes (``validate_s``, every ``validate_every_n_steps`` and once
-at the end); ``s_per_step`` excludes them and counts GATr's ``steps + 1`` optimiser steps (its loop
-runs steps 0..steps).
+object_generalization sets, parameters, walls, the settings and the command), ``OUT/predictions.npz``
+(the trained model's predicted final positions ``(S, n, 3)`` for every sample of each set, the
+training samples it saw included, keyed by set: what ``geoattn experiment`` reads sample by sample
+when an experiment has ``evaluate = true``) and GATr's own run folder ``OUT/run/`` (config.yml,
+output.log, models/, metrics/*.csv). ``--predict-only`` (with the run's own arguments) writes
+``OUT/predictions.npz`` from the run's saved ``model_final.pt`` without training again. ``wall_s`` is
+GATr's whole ``train()``, including its validation passes (``validate_s``, every
+``validate_every_n_steps`` and once at the end); ``s_per_step`` excludes them and counts GATr's
+``steps + 1`` optimiser steps (its loop runs steps 0..steps).
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--log-every", type=int, default=250, help="progress line every N steps")
     parser.add_argument("--force", action="store_true", help="overwrite an existing OUT/metrics.json")
+    parser.add_argument("--predict-only", action="store_true",
+                        help="write OUT/predictions.npz from OUT/run/models/model_final.pt; no training")
     return parser.parse_args(argv)
 
 
@@ -67,7 +73,10 @@ def check_inputs(args: argparse.Namespace) -> tuple[str | None, int]:
     for name in SETS:
         if not (args.data / f"{name}.npz").is_file():
             return f"data directory {str(args.data)!r} has no {name}.npz (GATr's sets: {', '.join(SETS)})", 0
-    if (args.out / "metrics.json").exists() and not args.force:
+    if args.predict_only:
+        if not (args.out / "run" / "models" / "model_final.pt").is_file():
+            return f"no trained model {str(args.out / 'run/models/model_final.pt')!r} to predict with", 0
+    elif (args.out / "metrics.json").exists() and not args.force:
         return f"{str(args.out / 'metrics.json')!r} exists; pass --force to overwrite it", 0
     for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size),
                         ("--train-size", args.train_size), ("--threads", args.threads)):
@@ -87,6 +96,29 @@ def git_commit(repo: Path) -> str:
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def write_predictions(experiment, out: Path, batch_size: int) -> dict[str, float]:
+    """``out/predictions.npz``: the model's predicted final positions for every sample of each set
+    (``train`` = the samples it trained on), in eval mode without gradients; returns each set's MSE
+    from them (the check against GATr's own numbers)."""
+    import torch
+
+    experiment.model.eval()
+    predictions, mse = {}, {}
+    with torch.no_grad():
+        for name in SETS:
+            data = experiment._load_dataset(name)
+            loader = experiment._make_data_loader(data, batch_size=batch_size, shuffle=False)
+            parts, squared = [], 0.0
+            for x, y in loader:
+                y_pred, _ = experiment.model(x)
+                parts.append(y_pred.double().numpy())
+                squared += float(((y_pred.double() - y.double()) ** 2).sum())
+            predictions[name] = np.concatenate(parts)
+            mse[name] = squared / predictions[name].size
+    np.savez(out / "predictions.npz", **predictions)
+    return mse
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -148,6 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = compose(config_name="nbody", overrides=overrides)
 
     experiment = Experiment(cfg)
+    if args.predict_only:
+        experiment.load_model(str(run_dir / "models" / "model_final.pt"))
+        mse = write_predictions(experiment, args.out, cfg.training.eval_batchsize)
+        print("predictions written; MSE " + ", ".join(f"{k} {v:.4e}" for k, v in mse.items()), flush=True)
+        return 0
     experiment._save_config()
     torch.random.manual_seed(cfg.seed)  # as GATr's BaseExperiment._initialize_experiment
     np.random.seed(cfg.seed)
@@ -197,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command=[sys.executable, *sys.argv] if argv is None else [sys.executable, __file__, *argv],
     )
     args.out.mkdir(parents=True, exist_ok=True)
+    write_predictions(experiment, args.out, cfg.training.eval_batchsize)
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     scores = " ".join(f"{name} MSE {value:.3e}" for name, value in mse.items() if value is not None)
     print(f"{scores}; training {wall_s:.0f} s (validation {experiment.validate_s:.0f} s)", flush=True)

@@ -238,3 +238,67 @@ def test_the_peer_runners_name_what_is_missing_in_one_line(tmp_path, runner, fla
     assert done.returncode == 2 and "exists" in done.stderr
     assert (out / "metrics.json").read_text() == "{}"
     assert not (out / "dataroot").exists() and not (out / "work").exists()
+
+
+def test_a_peers_predictions_are_measured_as_our_runs_are(tmp_path):
+    """A peer's ``predictions.npz`` (what its code predicted, per set) becomes the run's evaluation
+    rows when the experiment evaluates: the same MSEs and per-sample profile the task gives its own
+    models (here the static prediction, whose MSE is the task's own baseline); ``train`` may hold the
+    first samples only; a run whose command wrote none is not evaluated; bad predictions are one line
+    naming the file and the set."""
+    from geoattn.errors import UserError
+    from geoattn.experiments.runner import PEER_PREDICTIONS
+    from geoattn.tasks.nbody.task import error_profile
+
+    task = NBodyTask(NBodyConfig(system="charged", data=str(EGNN_FILES)))
+    script = tmp_path / "peer.py"
+    script.write_text(
+        "import json, sys\nimport numpy as np\n"
+        "from geoattn.tasks.nbody import NBodyConfig, NBodyTask\n"
+        "out, files, write = sys.argv[1], sys.argv[2], sys.argv[3] == '1'\n"
+        "task = NBodyTask(NBodyConfig(system='charged', data=files))\n"
+        "json.dump({'val_mse': 1.0, 'wall_s': 1.0}, open(out + '/metrics.json', 'w'))\n"
+        "static = {n: task.dataset(n).x_initial.numpy() for n in ('val', 'test')}\n"
+        "static['train'] = task.dataset('train').x_initial[:4].numpy()\n"
+        "if write:\n"
+        "    np.savez(out + '/predictions.npz', **static)\n"
+    )
+    spec_file = tmp_path / "peer.toml"
+    spec_file.write_text(
+        'seeds = [1]\nmetrics = ["test_mse"]\nevaluate = true\n[base]\ntask = "nbody"\n'
+        f'data = "{EGNN_FILES}"\ntask_options = {{ system = "charged" }}\n'
+        + "".join(
+            f'[[cells]]\nname = "{name}"\nmax_iters = 10\n'
+            f'command = ["{{python}}", "{script}", "{{out}}", "{{data}}", "{write}"]\n'
+            for name, write in (("peer", 1), ("mute", 0))
+        )
+    )
+    spec = load_spec(str(spec_file))
+    runs = tmp_path / "runs"
+    execute(spec, plan(spec, runs), print_line=lambda line: None)
+    peer, mute = plan(spec, runs)
+    assert peer.status == mute.status == "done" and not (mute.out / "evaluation.json").exists()
+    rows = {r["metric"]: r["value"] for r in json.loads((peer.out / "evaluation.json").read_text())["rows"]}
+    for name in ("val", "test"):
+        assert rows[f"{name}_mse" if name == "test" else "val_mse_full"] == pytest.approx(
+            task.baselines(name)["static_mse"], rel=1e-6
+        )
+        data = task.dataset(name)
+        errors = (data.x_initial.double() - data.x_final.double()).pow(2).flatten(1).mean(1)
+        assert rows[f"{name}_mse_median"] == pytest.approx(error_profile(errors)["mse_median"])
+    head = task.dataset("train").head(4)
+    static_train = float((head.x_initial - head.x_final).pow(2).mean())
+    assert rows["train_mse_full"] == pytest.approx(static_train, rel=1e-6)
+    report = write_report(spec, plan(spec, runs), tmp_path / "results", runs).read_text()
+    assert f"{task.baselines('test')['static_mse']:.4g}"[:5] in report
+
+    (peer.out / "evaluation.json").unlink()
+    for arrays, fault in (
+        ({"val": np.zeros((2, 5, 3))}, "predictions for set 'val' have shape (2, 5, 3), expected (3, 5, 3)"),
+        ({"eval": np.zeros((2, 5, 3))}, "predictions for set 'eval': this task's sets are train, val, test"),
+    ):
+        np.savez(peer.out / PEER_PREDICTIONS, **arrays)
+        lines = []
+        with pytest.raises(UserError, match="1 of 1 runs failed"):  # the other is done
+            execute(spec, plan(spec, runs), print_line=lines.append)
+        assert any(f"predictions.npz: {fault}" in line for line in lines), lines

@@ -425,6 +425,27 @@ def test_rotor_model_with_messages_before_every_block_is_e3_equivariant(task, al
     assert alone.pairs is None and alone(x)[0].shape == x[..., 1:4].shape
 
 
+def test_rotor_model_with_clifford_messages_before_every_block_is_e3_equivariant(task):
+    """The Clifford model's message layer before every block (``block_messages="clifford"``) keeps the
+    rotor model E(3)-equivariant in float64 (random rotations, reflections and shifts), reads the pairs'
+    charges (their products change what it computes; the read-in alone would see each charge only), and
+    is refused outside Cl(3) or under an unknown name with one line."""
+    torch.manual_seed(0)
+    options = {"n_layer": 2, "pair_every_block": True, "block_messages": "clifford", "velocity_output": True}
+    model = task.build_model("rotor", *sizes(**options)).double()
+    assert [type(m).__name__ for m in model.block_messages] == ["CliffordMessageLayer"] * 2
+    x = task.dataset("e3_generalization").inputs()[:32]
+    for seed in range(3):
+        assert equivariance_error(model, x, torch.Generator().manual_seed(seed), shift_std=20.0) < 1e-8
+    out = model(x)[0]
+    with torch.no_grad():  # the weight of the pair's charge product c_i c_j (its fourth invariant)
+        model.block_messages[0].geometry.s_to_s.weight[:, 3].add_(1.0)
+    assert not torch.allclose(model(x)[0], out)
+    for bad, match in (({"block_messages": "gatr"}, "block_messages"), ({"algebra": "pga"}, "cl3")):
+        with pytest.raises(ValueError, match=match):
+            task.build_model("rotor", *sizes(**{**options, **bad}))
+
+
 @pytest.mark.parametrize("algebra", ["cl3", "pga"])
 def test_rotor_embedding_and_read_out_follow_the_algebras_versors(task, algebra):
     """embed(Q u) = V · embed(u) and displacement(V · mv) = Q displacement(mv) for O(3) versors V with

@@ -25,6 +25,8 @@ from geoattn.errors import UserError
 from geoattn.experiments.spec import Cell, ExperimentSpec
 from geoattn.training.run_dir import RunDirectory
 
+PEER_PREDICTIONS = "predictions.npz"  # what a peer's command may write: its predicted targets per set
+
 
 @dataclass
 class RunPlan:
@@ -56,7 +58,8 @@ def plan(spec: ExperimentSpec, runs: Path) -> list[RunPlan]:
         for cell in spec.cells:
             config = spec.config(cell, seed, runs)
             out = Path(config["out"])
-            evaluate = spec.evaluate and cell.command is None  # a peer evaluates inside its command
+            # a peer is evaluated where its command wrote what it predicted (e.g. GATr's runner)
+            evaluate = spec.evaluate and (cell.command is None or (out / PEER_PREDICTIONS).is_file())
             status, at = _status(RunDirectory(out), config["max_iters"], evaluate)
             plans.append(RunPlan(cell, seed, out, config, status, at))
     return plans
@@ -77,7 +80,7 @@ def run_one(
     if stop_file is not None and Path(stop_file).exists():
         return {"skipped": True, "interrupted": True, "iter": None}
     if "command" in config:
-        return _run_peer(config, threads)
+        return _run_peer(config, threads, evaluate)
     import torch
 
     from geoattn.training.config import TrainConfig
@@ -123,37 +126,70 @@ def _train_and_evaluate(train, run: RunDirectory, evaluate: bool) -> dict[str, A
     return run.read_summary()
 
 
-def _run_peer(config: dict[str, Any], threads: int | None) -> dict[str, Any]:
+def _run_peer(config: dict[str, Any], threads: int | None, evaluate: bool = False) -> dict[str, Any]:
     """Run a peer cell's command (its own code, in its own environment) and record what it measured:
-    ``{out}/metrics.json`` becomes the run's ``summary.json`` final metrics (``iter`` = its budget)."""
+    ``{out}/metrics.json`` becomes the run's ``summary.json`` final metrics (``iter`` = its budget).
+    With ``evaluate``, a ``{out}/predictions.npz`` the command wrote is measured as this project's runs
+    are (:func:`_evaluate_peer`)."""
     run = RunDirectory(config["out"])
     lock = _claim(run.path)
     if lock is None:
         return {"skipped": True, "busy": True, "iter": None}
     try:
         summary = run.read_summary()
-        if summary.get("iter") == config["max_iters"]:
-            return summary
-        run.path.mkdir(parents=True, exist_ok=True)
-        count = str(threads or os.cpu_count() or 1)
-        command = [a.replace("{threads}", count) for a in config["command"]]
-        env = {**os.environ, "OMP_NUM_THREADS": count, "MKL_NUM_THREADS": count}
-        with open(run.path / "peer.log", "w") as log:
-            log.write(" ".join(command) + "\n")
-            log.flush()
-            done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        if done.returncode != 0:
-            raise UserError(f"peer command exited with {done.returncode}; see {run.path / 'peer.log'}")
-        try:
-            metrics = json.loads((run.path / "metrics.json").read_text())
-        except (OSError, ValueError) as err:
-            raise UserError(f"peer command wrote no readable {run.path / 'metrics.json'} ({err})") from None
-        final = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        summary = {"iter": config["max_iters"], "wall_s": final.get("wall_s", 0.0), "final": final}
-        (run.path / RunDirectory.SUMMARY).write_text(json.dumps(summary, indent=2))
+        if summary.get("iter") != config["max_iters"]:
+            summary = _train_peer(config, threads, run)
+        if evaluate and (run.path / PEER_PREDICTIONS).is_file() and not run.file(run.EVALUATION).exists():
+            run.write_evaluation(_evaluate_peer(config, run.path / PEER_PREDICTIONS))
         return summary
     finally:
         lock.unlink(missing_ok=True)
+
+
+def _evaluate_peer(config: dict[str, Any], path: Path) -> list[dict[str, Any]]:
+    """The task's evaluation rows of a peer's ``predictions.npz`` (an array per set), on the files of
+    the experiment's ``data`` (:meth:`geoattn.tasks.base.Task.prediction_rows`)."""
+    import numpy as np
+    import torch
+
+    from geoattn.tasks import get_task
+    from geoattn.training.config import TrainConfig
+
+    where = {"block_size": TrainConfig.block_size, **config["evaluate_on"]}
+    data = where.get("data") or None
+    task = get_task(where["task"], where.get("task_options"), data=data, block_size=where["block_size"])
+    try:
+        with np.load(path) as npz:
+            predictions = {name: torch.from_numpy(npz[name]) for name in npz.files}
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read the peer's predictions {path} ({err})") from None
+    try:
+        rows = task.prediction_rows(predictions)
+    except ValueError as err:
+        raise UserError(f"{path}: {err}") from None
+    return [dataclasses.asdict(r) for r in rows]
+
+
+def _train_peer(config: dict[str, Any], threads: int | None, run: RunDirectory) -> dict[str, Any]:
+    """Run the peer's command under the caller's claim; its ``metrics.json`` as the run's summary."""
+    run.path.mkdir(parents=True, exist_ok=True)
+    count = str(threads or os.cpu_count() or 1)
+    command = [a.replace("{threads}", count) for a in config["command"]]
+    env = {**os.environ, "OMP_NUM_THREADS": count, "MKL_NUM_THREADS": count}
+    with open(run.path / "peer.log", "w") as log:
+        log.write(" ".join(command) + "\n")
+        log.flush()
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    if done.returncode != 0:
+        raise UserError(f"peer command exited with {done.returncode}; see {run.path / 'peer.log'}")
+    try:
+        metrics = json.loads((run.path / "metrics.json").read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"peer command wrote no readable {run.path / 'metrics.json'} ({err})") from None
+    final = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    summary = {"iter": config["max_iters"], "wall_s": final.get("wall_s", 0.0), "final": final}
+    (run.path / RunDirectory.SUMMARY).write_text(json.dumps(summary, indent=2))
+    return summary
 
 
 def _claim(out: Path) -> Path | None:

@@ -49,6 +49,10 @@ arguments, run from the working directory) and ``max_iters`` (its budget in step
 ``{python}`` (the interpreter running the experiment) and ``{peers}`` (``$GEOATTN_PEERS``, default
 ``../peers``: where the peers' checkouts and environments live) are filled in. The command writes
 ``{out}/metrics.json`` (a flat object of numbers); the runner records it as the run's final metrics.
+It may also write ``{out}/predictions.npz`` (what its model predicted, an array per set): an experiment
+with ``evaluate = true`` measures those as it measures this project's runs (the task's
+``prediction_rows``, on the base's ``task``, ``data`` and ``task_options``), so a peer's row gets the same
+per-sample columns.
 
 A peer cell that several experiments report (the same runs, read by each) is written once, in
 ``peers.toml`` beside the experiment files, under an id, and named by it::
@@ -158,7 +162,15 @@ class ExperimentSpec:
                     f"command placeholder {err} unknown; use {{seed}} {{out}} {{data}} "
                     "{{threads}} {{peers}}"
                 ) from None
-            return {"command": command, "max_iters": cell.fields["max_iters"], "out": str(out), "seed": seed}
+            # the task its predictions are measured on (an experiment with `evaluate`), apart from the key
+            task = {k: self.base[k] for k in ("task", "data", "task_options", "block_size") if k in self.base}
+            return {
+                "command": command,
+                "max_iters": cell.fields["max_iters"],
+                "out": str(out),
+                "seed": seed,
+                "evaluate_on": task,
+            }
         values = dict(self.base)
         for key, value in cell.fields.items():
             if key in ("model_options", "task_options"):

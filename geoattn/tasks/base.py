@@ -151,6 +151,12 @@ class Task(ABC):
         """Full-set metrics computed once at the end of training (lm: the whole validation split)."""
         return {}
 
+    def prediction_rows(self, predictions: dict[str, Tensor]) -> list[EvalRow]:
+        """The evaluation rows of a peer's predictions (what its own code predicted for every sample
+        of the named sets, e.g. read from its ``predictions.npz``), measured as this task measures its
+        own runs; ValueError for a task that reads none or a set it does not know."""
+        raise ValueError(f"task {self.name!r} does not read a peer's predictions")
+
     def plots(self, model: TaskModel, directory: Path) -> list[Path]:
         """The task's own figures of a trained model, written at the end of a run as
         ``directory/task_*.png`` (cleared with the run's files by ``--force``); default: none."""

@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from geoattn.algebra.named import named_algebra
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LMConfig, build_backbone
@@ -68,15 +69,21 @@ class NBodyRotorConfig(RotorTransformerConfig):
         pair_hidden: width of that layer's pair features (added to the transformer's scalar inputs).
         velocity_output: add ``φ_i v_i`` to the predicted position, ``φ_i`` an invariant output scalar of
             the transformer (EGNN's ``egnn_vel`` read-out: most of a body's motion is its velocity).
-        pair_every_block: a message layer over the pairs before every block as well
-            (:class:`BlockMessages`, EGNN's message passing: from the bodies' current invariant scalars,
-            where the read-in sees only their masses or charges).
+        pair_every_block: a message layer over the pairs before every block as well (from the
+            bodies' current features, where the read-in sees only their masses or charges).
+        block_messages: which layer ``pair_every_block`` adds: ``egnn`` (:class:`BlockMessages`,
+            EGNN's message passing on the invariant scalars, updating one vector per channel) or
+            ``clifford`` (the Clifford model's :class:`~geoattn.tasks.nbody.clifford.CliffordMessageLayer`
+            at the model's width: multivector messages through geometric products; Cl(3) only).
     """
+
+    BLOCK_MESSAGES: ClassVar[tuple[str, ...]] = ("egnn", "clifford")
 
     pair_vectors: int = 0
     pair_hidden: int = 64
     velocity_output: bool = False
     pair_every_block: bool = False
+    block_messages: str = "egnn"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,6 +93,13 @@ class NBodyRotorConfig(RotorTransformerConfig):
                 raise ConfigError(f"NBodyRotorConfig.{name} must be an integer ≥ {low}, got {value!r}")
         if (self.pair_vectors or self.velocity_output) and not self.scalars:
             raise ConfigError("NBodyRotorConfig: pair_vectors and velocity_output need scalars > 0")
+        if self.block_messages not in self.BLOCK_MESSAGES:
+            kinds = ", ".join(self.BLOCK_MESSAGES)
+            raise ConfigError(
+                f"NBodyRotorConfig.block_messages must be one of {kinds}, got {self.block_messages!r}"
+            )
+        if self.block_messages == "clifford" and self.algebra != "cl3":
+            raise ConfigError("NBodyRotorConfig: block_messages='clifford' needs algebra='cl3'")
 
     def transformer_config(self) -> RotorTransformerConfig:
         """The inner transformer's config: the bodies' inputs plus the pair messages' channels and
@@ -232,9 +246,7 @@ class NBodyRotor(TaskModel):
         )
         self.model = RotorTransformer(config.transformer_config())
         self.block_messages = (
-            nn.ModuleList(
-                BlockMessages(config.scalars, config.channels, config.pair_hidden) for _ in self.model.blocks
-            )
+            nn.ModuleList(self._block_messages(config) for _ in self.model.blocks)
             if config.pair_every_block
             else None
         )
@@ -244,6 +256,17 @@ class NBodyRotor(TaskModel):
         # blade indices of e0 ∧ e_k (k = the Euclidean basis vectors), in PGA only
         ideal = [ga.blade_names.index(f"e1{k}") for k in range(2, ga.n + 1)] if ga.r else []
         self.register_buffer("ideal_index", torch.tensor(ideal, dtype=torch.long), persistent=False)
+
+    @staticmethod
+    def _block_messages(config: NBodyRotorConfig) -> nn.Module:
+        if config.block_messages == "egnn":
+            return BlockMessages(config.scalars, config.channels, config.pair_hidden)
+        # imported here: the Clifford model's module builds on this one's pair geometry
+        from geoattn.tasks.nbody.clifford import CliffordGNNConfig, CliffordMessageLayer
+
+        C, S = config.channels, config.scalars
+        width = CliffordGNNConfig(channels=C, scalars=S, mlp_ratio=config.mlp_ratio)
+        return CliffordMessageLayer(width, named_algebra("cl3"))
 
     def embed(self, vectors: Tensor) -> Tensor:
         """Vectors ``(..., 3)`` → multivectors ``(..., dim)``: ``u·e`` in Cl(3), plane + ``e0 ∧ u`` in PGA."""
@@ -271,10 +294,18 @@ class NBodyRotor(TaskModel):
             scalars = torch.cat((m, pair_scalars), dim=-1)
         before_block = None
         if self.block_messages is not None:
-            dx, _, invariants = pair_invariants(position, velocity)
+            dx, dv, invariants = pair_invariants(position, velocity)
+            if self.config.block_messages == "clifford":  # the Clifford model's pair inputs
+                geometry = self.algebra.vector(torch.stack((dx, dv), 3))  # (B, n, n, 2, 8)
+                invariants = torch.cat((invariants, m[:, :, None] * m[:, None, :]), -1)
 
-            def before_block(layer: int, h: Tensor, hs: Tensor) -> tuple[Tensor, Tensor]:
-                return self.block_messages[layer](h, hs, dx, invariants, self.embed)
+                def before_block(layer: int, h: Tensor, hs: Tensor) -> tuple[Tensor, Tensor]:
+                    return self.block_messages[layer](h, hs, geometry, invariants)
+
+            else:
+
+                def before_block(layer: int, h: Tensor, hs: Tensor) -> tuple[Tensor, Tensor]:
+                    return self.block_messages[layer](h, hs, dx, invariants, self.embed)
 
         mv, s = self.model(self.embed(vectors), scalars, before_block=before_block)
         prediction = position + self.displacement(mv[:, :, 0])

@@ -323,14 +323,7 @@ class NBodyTask(Task):
             where = f"all {len(self.dataset(name)):,} {name} samples"
             rows.append(EvalRow(_full_key(name), results[_full_key(name)], where))
             rows += [EvalRow(f"{name}_{k}", v, where) for k, v in self.baselines(name).items()]
-        for name, set_errors in errors.items():
-            data = self.dataset(name)
-            profile = error_profile(set_errors, closest_distance(data))
-            where = f"all {len(data):,} {name} samples, one error per sample"
-            if name == "train":
-                rows.append(EvalRow("train_mse_full", profile["mse"], where))
-            keys = ("mse_median", "worst_1pct_share", "closest_median", "closest_worst_1pct")
-            rows += [EvalRow(f"{name}_{k}", profile[k], where) for k in keys]
+        rows += self._profile_rows(errors)
         if self.config.system == "gravity":
             where = f"the {len(self.dataset('e3_generalization')):,} e3_generalization samples, shift removed"
             name = "e3_generalization_unshifted_mse"
@@ -340,6 +333,47 @@ class NBodyTask(Task):
         where = f"first {count} {probe} samples, one random O(3) motion + translation each"
         rows.append(EvalRow("equivariance_error", results["equivariance_error"], where))
         return rows
+
+    def _profile_rows(self, errors: dict[str, Tensor]) -> list[EvalRow]:
+        """How each set's MSE is made up (:func:`error_profile`), from its :func:`sample_errors`; the
+        training set's MSE over all its samples as ``train_mse_full``."""
+        rows = []
+        for name, set_errors in errors.items():
+            data = self.dataset(name).head(len(set_errors))
+            profile = error_profile(set_errors, closest_distance(data))
+            where = f"all {len(data):,} {name} samples, one error per sample"
+            if name == "train":
+                rows.append(EvalRow("train_mse_full", profile["mse"], where))
+            keys = ("mse_median", "worst_1pct_share", "closest_median", "closest_worst_1pct")
+            rows += [EvalRow(f"{name}_{k}", profile[k], where) for k in keys]
+        return rows
+
+    def prediction_rows(self, predictions: dict[str, Tensor]) -> list[EvalRow]:
+        """A peer's predicted final positions ``(S, n, 3)`` per set, measured as :meth:`evaluation`
+        measures this project's runs: each set's MSE over all its samples and how it is made up
+        (:meth:`_profile_rows`). ``train`` may hold the first S training samples only (a peer that
+        trained on them, as GATr's ``data.subsample`` keeps a file's first samples); every other set
+        must be whole. ValueError naming the set and the shapes otherwise."""
+        known = ("train", *SYSTEM_EVAL_SETS[self.config.system])
+        errors = {}
+        for name, prediction in predictions.items():
+            if name not in known:
+                raise ValueError(f"predictions for set {name!r}: this task's sets are {', '.join(known)}")
+            target = self.dataset(name).x_final
+            if name == "train" and prediction.dim() == 3 and prediction.shape[0] <= target.shape[0]:
+                target = target[: prediction.shape[0]]
+            if tuple(prediction.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"predictions for set {name!r} have shape {tuple(prediction.shape)}, "
+                    f"expected {tuple(target.shape)}"
+                )
+            errors[name] = (prediction.double() - target.double()).pow(2).flatten(1).mean(1)
+        rows = []
+        for name in SYSTEM_EVAL_SETS[self.config.system]:
+            if name in errors:
+                where = f"all {len(errors[name]):,} {name} samples, the peer's predictions"
+                rows.append(EvalRow(_full_key(name), float(errors[name].mean()), where))
+        return rows + self._profile_rows(errors)
 
     @torch.no_grad()
     def evaluate_sets(
