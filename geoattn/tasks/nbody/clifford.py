@@ -34,7 +34,7 @@ from geoattn.errors import ConfigError
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.settings import settings_from
-from geoattn.tasks.nbody.models import centroid, check_inputs, mean_over_others, pair_invariants, position_mse
+from geoattn.tasks.nbody.bodies import centroid, check_inputs, mean_over_others, pair_invariants, position_mse
 
 
 @dataclass
@@ -128,6 +128,15 @@ class CliffordMessageLayer(nn.Module):
         return h + dh, s + ds
 
 
+def pair_geometry(ga: CliffordAlgebra, c: Tensor, x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """A message layer's pair inputs from the bodies' charges (or masses) ``c`` ``(B, n, 1)``, positions
+    ``x`` and velocities ``v`` ``(B, n, 3)``: ``x_ij`` and ``v_ij`` as vectors ``(B, n, n, 2, dim)`` and
+    ``u_ij = (|x_ij|², x_ij · v_ij, |v_ij|², c_i c_j)`` ``(B, n, n, 4)``."""
+    dx, dv, invariants = pair_invariants(x, v)
+    geometry = ga.vector(torch.stack((dx, dv), 3))
+    return geometry, torch.cat((invariants, c[:, :, None] * c[:, None, :]), -1)
+
+
 class NBodyCliffordGNN(TaskModel):
     """Clifford message passing over the bodies (module docstring), E(3)-equivariant.
 
@@ -157,10 +166,7 @@ class NBodyCliffordGNN(TaskModel):
         h = ga.vector(torch.stack((position - centroid(position), velocity), 2))  # (B, n, 2, 8)
         s = torch.cat((c if self.config.signed_charges else c * c, velocity.norm(dim=-1, keepdim=True)), -1)
         h, s = self.read_in(h, s)
-        dx, dv, invariants = pair_invariants(position, velocity)
-        charges = c[:, :, None] * c[:, None, :]  # (B, n, n, 1)
-        geometry = ga.vector(torch.stack((dx, dv), 3))  # (B, n, n, 2, 8)
-        invariants = torch.cat((invariants, charges), -1)
+        geometry, invariants = pair_geometry(ga, c, position, velocity)
         for layer in self.layers:
             h, s = layer(h, s, geometry, invariants)
         out, phi = self.read_out(self.out_norm(h), s)

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geoattn.algebra.named import named_algebra
@@ -18,11 +17,8 @@ from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LMConfig, build_backbone
 from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig
 from geoattn.settings import settings_from
-
-
-def centroid(x: Tensor) -> Tensor:
-    """Mean position over bodies ``(B, 1, 3)`` of ``x`` ``(B, n, 3)``."""
-    return x.mean(1, keepdim=True)
+from geoattn.tasks.nbody.bodies import centroid, check_inputs, mean_over_others, pair_invariants, position_mse
+from geoattn.tasks.nbody.clifford import CliffordGNNConfig, CliffordMessageLayer, pair_geometry
 
 
 class NBodyTransformer(TaskModel):
@@ -150,19 +146,6 @@ class PairMessages(nn.Module):
         return (e * mean).sum(2), vectors
 
 
-def pair_invariants(x: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Relative positions and velocities ``x_ij = x_i − x_j``, ``v_ij`` ``(B, n, n, 3)`` and their
-    invariants ``|x_ij|², x_ij · v_ij, |v_ij|²`` ``(B, n, n, 3)``, of ``x`` and ``v`` ``(B, n, 3)``."""
-    dx = x[:, :, None] - x[:, None, :]
-    dv = v[:, :, None] - v[:, None, :]
-    return dx, dv, torch.stack(((dx * dx).sum(-1), (dx * dv).sum(-1), (dv * dv).sum(-1)), -1)
-
-
-def mean_over_others(n: int, like: Tensor) -> Tensor:
-    """``(1, n, n, 1)`` weights of a mean over j ≠ i."""
-    return (~torch.eye(n, dtype=torch.bool, device=like.device))[None, :, :, None].to(like.dtype) / (n - 1)
-
-
 class BlockMessages(nn.Module):
     """A message layer over every pair of bodies before a rotor block: EGNN's message passing on the
     bodies' current invariant scalars ``s`` ``(B, n, S)`` and their fixed relative geometry:
@@ -261,9 +244,6 @@ class NBodyRotor(TaskModel):
     def _block_messages(config: NBodyRotorConfig) -> nn.Module:
         if config.block_messages == "egnn":
             return BlockMessages(config.scalars, config.channels, config.pair_hidden)
-        # imported here: the Clifford model's module builds on this one's pair geometry
-        from geoattn.tasks.nbody.clifford import CliffordGNNConfig, CliffordMessageLayer
-
         C, S = config.channels, config.scalars
         width = CliffordGNNConfig(channels=C, scalars=S, mlp_ratio=config.mlp_ratio)
         return CliffordMessageLayer(width, named_algebra("cl3"))
@@ -294,15 +274,14 @@ class NBodyRotor(TaskModel):
             scalars = torch.cat((m, pair_scalars), dim=-1)
         before_block = None
         if self.block_messages is not None:
-            dx, dv, invariants = pair_invariants(position, velocity)
-            if self.config.block_messages == "clifford":  # the Clifford model's pair inputs
-                geometry = self.algebra.vector(torch.stack((dx, dv), 3))  # (B, n, n, 2, 8)
-                invariants = torch.cat((invariants, m[:, :, None] * m[:, None, :]), -1)
+            if self.config.block_messages == "clifford":
+                geometry, invariants = pair_geometry(self.algebra, m, position, velocity)
 
                 def before_block(layer: int, h: Tensor, hs: Tensor) -> tuple[Tensor, Tensor]:
                     return self.block_messages[layer](h, hs, geometry, invariants)
 
             else:
+                dx, _, invariants = pair_invariants(position, velocity)
 
                 def before_block(layer: int, h: Tensor, hs: Tensor) -> tuple[Tensor, Tensor]:
                     return self.block_messages[layer](h, hs, dx, invariants, self.embed)
@@ -312,21 +291,6 @@ class NBodyRotor(TaskModel):
         if self.config.velocity_output:
             prediction = prediction + s[..., :1] * velocity
         return prediction, position_mse(prediction, y)
-
-
-def check_inputs(x: Tensor) -> None:
-    """ValueError unless ``x`` is ``(B, n, 7)`` = [scalar, position, velocity] per body."""
-    if x.dim() != 3 or x.shape[-1] != 7:
-        raise ValueError(f"x has shape {tuple(x.shape)}, expected (B, n, 7) = [mass, position, velocity]")
-
-
-def position_mse(prediction: Tensor, y: Tensor | None) -> Tensor | None:
-    """MSE of the predicted final positions against ``y`` (same shape, else ValueError); None without y."""
-    if y is None:
-        return None
-    if y.shape != prediction.shape:
-        raise ValueError(f"y has shape {tuple(y.shape)}, expected {tuple(prediction.shape)}")
-    return F.mse_loss(prediction.float(), y.float())
 
 
 @dataclass

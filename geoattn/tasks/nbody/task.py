@@ -20,6 +20,7 @@ from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import TransformerConfig
 from geoattn.tasks.base import EvalRow, Task
 from geoattn.tasks.nbody import charged
+from geoattn.tasks.nbody.bodies import centroid
 from geoattn.tasks.nbody.clifford import CliffordGNNConfig, NBodyCliffordGNN
 from geoattn.tasks.nbody.models import (
     EGNNConfig,
@@ -27,7 +28,6 @@ from geoattn.tasks.nbody.models import (
     NBodyRotor,
     NBodyRotorConfig,
     NBodyTransformer,
-    centroid,
 )
 from geoattn.tasks.nbody.simulator import (
     SETS,
@@ -367,7 +367,7 @@ class NBodyTask(Task):
                     f"predictions for set {name!r} have shape {tuple(prediction.shape)}, "
                     f"expected {tuple(target.shape)}"
                 )
-            errors[name] = (prediction.double() - target.double()).pow(2).flatten(1).mean(1)
+            errors[name] = squared_errors(prediction.double(), target.double())
         rows = []
         for name in SYSTEM_EVAL_SETS[self.config.system]:
             if name in errors:
@@ -447,10 +447,16 @@ def sample_errors(model: nn.Module, data: NBodySet, batch_size: int = EQUIVARIAN
             batch = data.subset(torch.arange(start, min(start + batch_size, len(data))))
             prediction, _ = model(batch.inputs().to(parameter.device, parameter.dtype))
             target = batch.x_final.to(prediction.device, prediction.dtype)
-            errors.append((prediction - target).double().square().flatten(1).mean(1).cpu())
+            errors.append(squared_errors(prediction, target).cpu())
     finally:
         model.train(was_training)
     return torch.cat(errors)
+
+
+def squared_errors(prediction: Tensor, target: Tensor) -> Tensor:
+    """``(S,)`` float64: each sample's mean squared error over its bodies and coordinates, from final
+    positions ``(S, n, 3)`` (the set's MSE is their mean)."""
+    return (prediction - target).double().square().flatten(1).mean(1)
 
 
 def error_profile(errors: Tensor, closest: Tensor | None = None) -> dict[str, float]:
