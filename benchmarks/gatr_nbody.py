@@ -76,6 +76,14 @@ def check_inputs(args: argparse.Namespace) -> tuple[str | None, int]:
     if args.predict_only:
         if not (args.out / "run" / "models" / "model_final.pt").is_file():
             return f"no trained model {str(args.out / 'run/models/model_final.pt')!r} to predict with", 0
+        if (args.out / "metrics.json").is_file():  # the run's own settings, where it wrote them
+            ran = json.loads((args.out / "metrics.json").read_text())
+            given = (("--train-size", "train_size", args.train_size), ("--seed", "seed", args.seed),
+                     ("--model", "model", args.model))
+            for flag, key, value in given:
+                if key in ran and ran[key] != value:
+                    where = str(args.out / "metrics.json")
+                    return f"{flag} {value} differs from the run's {ran[key]} ({where!r})", 0
     elif (args.out / "metrics.json").exists() and not args.force:
         return f"{str(args.out / 'metrics.json')!r} exists; pass --force to overwrite it", 0
     for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size),
@@ -117,7 +125,10 @@ def write_predictions(experiment, out: Path, batch_size: int) -> dict[str, float
                 squared += float(((y_pred.double() - y.double()) ** 2).sum())
             predictions[name] = np.concatenate(parts)
             mse[name] = squared / predictions[name].size
-    np.savez(out / "predictions.npz", **predictions)
+    partial = out / "predictions.npz.partial"  # moved in place when whole: no half file if killed
+    with open(partial, "wb") as file:
+        np.savez(file, **predictions)
+    os.replace(partial, out / "predictions.npz")
     return mse
 
 

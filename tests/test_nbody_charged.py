@@ -290,15 +290,27 @@ def test_a_peers_predictions_are_measured_as_our_runs_are(tmp_path):
     static_train = float((head.x_initial - head.x_final).pow(2).mean())
     assert rows["train_mse_full"] == pytest.approx(static_train, rel=1e-6)
     report = write_report(spec, plan(spec, runs), tmp_path / "results", runs).read_text()
-    assert f"{task.baselines('test')['static_mse']:.4g}"[:5] in report
+    peer_row = next(line for line in report.splitlines() if line.startswith("| peer ") and "(n=1)" in line)
+    assert f"{rows['test_mse']:.4g} (n=1)" in peer_row  # the report's peer row reads the evaluation
+
+    # a finished peer whose predictions come later (GATr's --predict-only) is evaluated then, once
+    (mute.out / PEER_PREDICTIONS).write_bytes((peer.out / PEER_PREDICTIONS).read_bytes())
+    assert [p.status for p in plan(spec, runs)] == ["done", "evaluate"]
+    execute(spec, plan(spec, runs), print_line=lambda line: None)
+    assert (mute.out / "evaluation.json").read_text() == (peer.out / "evaluation.json").read_text()
 
     (peer.out / "evaluation.json").unlink()
     for arrays, fault in (
         ({"val": np.zeros((2, 5, 3))}, "predictions for set 'val' have shape (2, 5, 3), expected (3, 5, 3)"),
         ({"eval": np.zeros((2, 5, 3))}, "predictions for set 'eval': this task's sets are train, val, test"),
+        ({"train": np.zeros((0, 5, 3))}, "predictions for set 'train' have shape (0, 5, 3), expected"),
+        (None, "cannot read the peer's predictions"),  # a half-written file
     ):
-        np.savez(peer.out / PEER_PREDICTIONS, **arrays)
+        if arrays is None:
+            (peer.out / PEER_PREDICTIONS).write_bytes(b"PK\x03\x04 cut short")
+        else:
+            np.savez(peer.out / PEER_PREDICTIONS, **arrays)
         lines = []
         with pytest.raises(UserError, match="1 of 1 runs failed"):  # the other is done
             execute(spec, plan(spec, runs), print_line=lines.append)
-        assert any(f"predictions.npz: {fault}" in line for line in lines), lines
+        assert any(fault in line and "predictions.npz" in line for line in lines), lines

@@ -428,8 +428,9 @@ def test_rotor_model_with_messages_before_every_block_is_e3_equivariant(task, al
 def test_rotor_model_with_clifford_messages_before_every_block_is_e3_equivariant(task):
     """The Clifford model's message layer before every block (``block_messages="clifford"``) keeps the
     rotor model E(3)-equivariant in float64 (random rotations, reflections and shifts), reads the pairs'
-    charges (their products change what it computes; the read-in alone would see each charge only), and
-    is refused outside Cl(3) or under an unknown name with one line."""
+    products of their masses or charges (their weight changes what it computes; the read-in alone sees
+    each body's own only), and is refused outside Cl(3), without ``pair_every_block`` (where it would do
+    nothing) or under an unknown name with one line."""
     torch.manual_seed(0)
     options = {"n_layer": 2, "pair_every_block": True, "block_messages": "clifford", "velocity_output": True}
     model = task.build_model("rotor", *sizes(**options)).double()
@@ -441,7 +442,12 @@ def test_rotor_model_with_clifford_messages_before_every_block_is_e3_equivariant
     with torch.no_grad():  # the weight of the pair's charge product c_i c_j (its fourth invariant)
         model.block_messages[0].geometry.s_to_s.weight[:, 3].add_(1.0)
     assert not torch.allclose(model(x)[0], out)
-    for bad, match in (({"block_messages": "gatr"}, "block_messages"), ({"algebra": "pga"}, "cl3")):
+    bad_options = (
+        ({"block_messages": "gatr"}, "block_messages"),
+        ({"algebra": "pga"}, "cl3"),
+        ({"pair_every_block": False}, "pair_every_block"),
+    )
+    for bad, match in bad_options:
         with pytest.raises(ValueError, match=match):
             task.build_model("rotor", *sizes(**{**options, **bad}))
 

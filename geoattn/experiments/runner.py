@@ -1,9 +1,10 @@
 """Planning and running an experiment's grid, resumably.
 
 A run is *done* when its ``summary.json`` says it reached ``max_iters`` (and, if the experiment
-evaluates, its ``evaluation.json`` exists); it *resumes* when its directory holds a checkpoint; else
-it is *new*. Interrupting (Ctrl-C) saves every running run's checkpoint, so a long suite can be
-carried across several sittings by running the same command again.
+evaluates, its ``evaluation.json`` exists; a peer's only where its command wrote predictions); it
+*resumes* when its directory holds a checkpoint; else it is *new*. Interrupting (Ctrl-C) saves every
+running run's checkpoint, so a long suite can be carried across several sittings by running the same
+command again.
 """
 
 from __future__ import annotations
@@ -155,14 +156,14 @@ def _evaluate_peer(config: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     from geoattn.tasks import get_task
     from geoattn.training.config import TrainConfig
 
-    where = {"block_size": TrainConfig.block_size, **config["evaluate_on"]}
+    where = {"task": TrainConfig.task, "block_size": TrainConfig.block_size, **config["evaluate_on"]}
     data = where.get("data") or None
     task = get_task(where["task"], where.get("task_options"), data=data, block_size=where["block_size"])
-    try:
+    try:  # a truncated or foreign file fails in many ways (BadZipFile, EOFError, TypeError, ...)
         with np.load(path) as npz:
             predictions = {name: torch.from_numpy(npz[name]) for name in npz.files}
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot read the peer's predictions {path} ({err})") from None
+    except Exception as err:
+        raise UserError(f"cannot read the peer's predictions {path} ({type(err).__name__}: {err})") from None
     try:
         rows = task.prediction_rows(predictions)
     except ValueError as err:
@@ -171,8 +172,11 @@ def _evaluate_peer(config: dict[str, Any], path: Path) -> list[dict[str, Any]]:
 
 
 def _train_peer(config: dict[str, Any], threads: int | None, run: RunDirectory) -> dict[str, Any]:
-    """Run the peer's command under the caller's claim; its ``metrics.json`` as the run's summary."""
+    """Run the peer's command under the caller's claim; its ``metrics.json`` as the run's summary.
+    What an earlier run of it left to be evaluated goes first (it measured another model)."""
     run.path.mkdir(parents=True, exist_ok=True)
+    for stale in (run.path / PEER_PREDICTIONS, run.file(run.EVALUATION)):
+        stale.unlink(missing_ok=True)
     count = str(threads or os.cpu_count() or 1)
     command = [a.replace("{threads}", count) for a in config["command"]]
     env = {**os.environ, "OMP_NUM_THREADS": count, "MKL_NUM_THREADS": count}

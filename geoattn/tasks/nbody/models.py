@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from geoattn.algebra.named import named_algebra
+from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LMConfig, build_backbone
@@ -62,7 +62,8 @@ class NBodyRotorConfig(RotorTransformerConfig):
         pair_vectors: vector channels from one message layer over every pair of bodies before the
             transformer (:class:`PairMessages`; 0: none). Each gives two vectors per body (a sum of
             relative positions and one of relative velocities, with learned invariant weights).
-        pair_hidden: width of that layer's pair features (added to the transformer's scalar inputs).
+        pair_hidden: width of that layer's pair features (added to the transformer's scalar inputs),
+            and of EGNN's messages before every block (the Clifford ones are at the model's width).
         velocity_output: add ``φ_i v_i`` to the predicted position, ``φ_i`` an invariant output scalar of
             the transformer (EGNN's ``egnn_vel`` read-out: most of a body's motion is its velocity).
         pair_every_block: a message layer over the pairs before every block as well (from the
@@ -94,8 +95,10 @@ class NBodyRotorConfig(RotorTransformerConfig):
             raise ConfigError(
                 f"NBodyRotorConfig.block_messages must be one of {kinds}, got {self.block_messages!r}"
             )
-        if self.block_messages == "clifford" and self.algebra != "cl3":
-            raise ConfigError("NBodyRotorConfig: block_messages='clifford' needs algebra='cl3'")
+        if self.block_messages == "clifford" and (self.algebra != "cl3" or not self.pair_every_block):
+            raise ConfigError(
+                "NBodyRotorConfig: block_messages='clifford' needs algebra='cl3' and pair_every_block=true"
+            )
 
     def transformer_config(self) -> RotorTransformerConfig:
         """The inner transformer's config: the bodies' inputs plus the pair messages' channels and
@@ -229,7 +232,7 @@ class NBodyRotor(TaskModel):
         )
         self.model = RotorTransformer(config.transformer_config())
         self.block_messages = (
-            nn.ModuleList(self._block_messages(config) for _ in self.model.blocks)
+            nn.ModuleList(self._block_messages(config, self.model.algebra) for _ in self.model.blocks)
             if config.pair_every_block
             else None
         )
@@ -241,12 +244,12 @@ class NBodyRotor(TaskModel):
         self.register_buffer("ideal_index", torch.tensor(ideal, dtype=torch.long), persistent=False)
 
     @staticmethod
-    def _block_messages(config: NBodyRotorConfig) -> nn.Module:
+    def _block_messages(config: NBodyRotorConfig, ga: CliffordAlgebra) -> nn.Module:
         if config.block_messages == "egnn":
             return BlockMessages(config.scalars, config.channels, config.pair_hidden)
         C, S = config.channels, config.scalars
         width = CliffordGNNConfig(channels=C, scalars=S, mlp_ratio=config.mlp_ratio)
-        return CliffordMessageLayer(width, named_algebra("cl3"))
+        return CliffordMessageLayer(width, ga)
 
     def embed(self, vectors: Tensor) -> Tensor:
         """Vectors ``(..., 3)`` → multivectors ``(..., dim)``: ``u·e`` in Cl(3), plane + ``e0 ∧ u`` in PGA."""

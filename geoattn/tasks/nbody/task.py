@@ -339,9 +339,11 @@ class NBodyTask(Task):
         training set's MSE over all its samples as ``train_mse_full``."""
         rows = []
         for name, set_errors in errors.items():
-            data = self.dataset(name).head(len(set_errors))
+            count, whole = len(set_errors), len(self.dataset(name))
+            data = self.dataset(name).head(count)
             profile = error_profile(set_errors, closest_distance(data))
-            where = f"all {len(data):,} {name} samples, one error per sample"
+            samples = f"all {count:,}" if count == whole else f"the first {count:,} of {whole:,}"
+            where = f"{samples} {name} samples, one error per sample"
             if name == "train":
                 rows.append(EvalRow("train_mse_full", profile["mse"], where))
             keys = ("mse_median", "worst_1pct_share", "closest_median", "closest_worst_1pct")
@@ -360,7 +362,7 @@ class NBodyTask(Task):
             if name not in known:
                 raise ValueError(f"predictions for set {name!r}: this task's sets are {', '.join(known)}")
             target = self.dataset(name).x_final
-            if name == "train" and prediction.dim() == 3 and prediction.shape[0] <= target.shape[0]:
+            if name == "train" and prediction.dim() == 3 and 0 < prediction.shape[0] <= target.shape[0]:
                 target = target[: prediction.shape[0]]
             if tuple(prediction.shape) != tuple(target.shape):
                 raise ValueError(
