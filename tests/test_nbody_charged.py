@@ -8,6 +8,7 @@ our simulator, its layout and its scales.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -298,6 +299,11 @@ def test_a_peers_predictions_are_measured_as_our_runs_are(tmp_path):
     assert [p.status for p in plan(spec, runs)] == ["done", "evaluate"]
     execute(spec, plan(spec, runs), print_line=lambda line: None)
     assert (mute.out / "evaluation.json").read_text() == (peer.out / "evaluation.json").read_text()
+    evaluated = (mute.out / PEER_PREDICTIONS).stat().st_mtime - 5  # predicted again after the evaluation
+    os.utime(mute.out / "evaluation.json", (evaluated, evaluated))
+    assert [p.status for p in plan(spec, runs)] == ["done", "evaluate"]
+    execute(spec, plan(spec, runs), print_line=lambda line: None)
+    assert [p.status for p in plan(spec, runs)] == ["done", "done"]
 
     (peer.out / "evaluation.json").unlink()
     for arrays, fault in (

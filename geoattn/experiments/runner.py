@@ -44,12 +44,21 @@ class RunPlan:
 def _status(run: RunDirectory, max_iters: int, evaluate: bool) -> tuple[str, int]:
     summary = run.read_summary()
     if summary.get("iter") == max_iters and not summary.get("interrupted"):
-        if not evaluate or run.file(RunDirectory.EVALUATION).exists():
+        if not evaluate or _evaluated(run):
             return "done", max_iters
         return "evaluate", max_iters  # trained (e.g. by another experiment), not yet evaluated
     if run.has_checkpoint():
         return "resume", int(run.load_trainer_state()["iter"])
     return "new", 0
+
+
+def _evaluated(run: RunDirectory) -> bool:
+    """Whether the run's ``evaluation.json`` exists and is newer than a peer's predictions (a peer's
+    ``--predict-only`` may write them again after it was evaluated)."""
+    evaluation, predictions = run.file(RunDirectory.EVALUATION), run.path / PEER_PREDICTIONS
+    if not evaluation.exists():
+        return False
+    return not predictions.exists() or predictions.stat().st_mtime <= evaluation.stat().st_mtime
 
 
 def plan(spec: ExperimentSpec, runs: Path) -> list[RunPlan]:
@@ -140,7 +149,7 @@ def _run_peer(config: dict[str, Any], threads: int | None, evaluate: bool = Fals
         summary = run.read_summary()
         if summary.get("iter") != config["max_iters"]:
             summary = _train_peer(config, threads, run)
-        if evaluate and (run.path / PEER_PREDICTIONS).is_file() and not run.file(run.EVALUATION).exists():
+        if evaluate and (run.path / PEER_PREDICTIONS).is_file() and not _evaluated(run):
             run.write_evaluation(_evaluate_peer(config, run.path / PEER_PREDICTIONS))
         return summary
     finally:
