@@ -248,7 +248,7 @@ def test_a_peers_predictions_are_measured_as_our_runs_are(tmp_path):
     first samples only; a run whose command wrote none is not evaluated; bad predictions are one line
     naming the file and the set."""
     from geoattn.errors import UserError
-    from geoattn.experiments.runner import PEER_PREDICTIONS
+    from geoattn.experiments.runner import PEER_PREDICTIONS, evaluation_file
     from geoattn.tasks.nbody.task import error_profile
 
     task = NBodyTask(NBodyConfig(system="charged", data=str(EGNN_FILES)))
@@ -264,22 +264,27 @@ def test_a_peers_predictions_are_measured_as_our_runs_are(tmp_path):
         "if write:\n"
         "    np.savez(out + '/predictions.npz', **static)\n"
     )
-    spec_file = tmp_path / "peer.toml"
-    spec_file.write_text(
-        'seeds = [1]\nmetrics = ["test_mse"]\nevaluate = true\n[base]\ntask = "nbody"\n'
-        f'data = "{EGNN_FILES}"\ntask_options = {{ system = "charged" }}\n'
-        + "".join(
-            f'[[cells]]\nname = "{name}"\nmax_iters = 10\n'
-            f'command = ["{{python}}", "{script}", "{{out}}", "{{data}}", "{write}"]\n'
-            for name, write in (("peer", 1), ("mute", 0))
+
+    def experiment(name: str, options: str = "") -> Path:
+        spec_file = tmp_path / f"{name}.toml"
+        spec_file.write_text(
+            'seeds = [1]\nmetrics = ["test_mse"]\nevaluate = true\n[base]\ntask = "nbody"\n'
+            f'data = "{EGNN_FILES}"\ntask_options = {{ system = "charged"{options} }}\n'
+            + "".join(
+                f'[[cells]]\nname = "{name}"\nmax_iters = 10\n'
+                f'command = ["{{python}}", "{script}", "{{out}}", "{{data}}", "{write}"]\n'
+                for name, write in (("peer", 1), ("mute", 0))
+            )
         )
-    )
-    spec = load_spec(str(spec_file))
+        return spec_file
+
+    spec = load_spec(str(experiment("peer")))
     runs = tmp_path / "runs"
     execute(spec, plan(spec, runs), print_line=lambda line: None)
     peer, mute = plan(spec, runs)
-    assert peer.status == mute.status == "done" and not (mute.out / "evaluation.json").exists()
-    rows = {r["metric"]: r["value"] for r in json.loads((peer.out / "evaluation.json").read_text())["rows"]}
+    evaluation = evaluation_file(peer.config)
+    assert peer.status == mute.status == "done" and not list(mute.out.glob("evaluation*.json"))
+    rows = {r["metric"]: r["value"] for r in json.loads((peer.out / evaluation).read_text())["rows"]}
     for name in ("val", "test"):
         assert rows[f"{name}_mse" if name == "test" else "val_mse_full"] == pytest.approx(
             task.baselines(name)["static_mse"], rel=1e-6
@@ -298,14 +303,28 @@ def test_a_peers_predictions_are_measured_as_our_runs_are(tmp_path):
     (mute.out / PEER_PREDICTIONS).write_bytes((peer.out / PEER_PREDICTIONS).read_bytes())
     assert [p.status for p in plan(spec, runs)] == ["done", "evaluate"]
     execute(spec, plan(spec, runs), print_line=lambda line: None)
-    assert (mute.out / "evaluation.json").read_text() == (peer.out / "evaluation.json").read_text()
+    assert (mute.out / evaluation).read_text() == (peer.out / evaluation).read_text()
     evaluated = (mute.out / PEER_PREDICTIONS).stat().st_mtime - 5  # predicted again after the evaluation
-    os.utime(mute.out / "evaluation.json", (evaluated, evaluated))
+    os.utime(mute.out / evaluation, (evaluated, evaluated))
     assert [p.status for p in plan(spec, runs)] == ["done", "evaluate"]
     execute(spec, plan(spec, runs), print_line=lambda line: None)
     assert [p.status for p in plan(spec, runs)] == ["done", "done"]
 
-    (peer.out / "evaluation.json").unlink()
+    # another experiment measuring the same peer run on other task settings gets its own evaluation
+    # (here a training set of 2, shorter than the 4 training predictions: refused), not this one's
+    other = load_spec(str(experiment("other", ", train_size = 2")))
+    shared = plan(other, runs)
+    assert [p.out for p in shared] == [peer.out, mute.out]
+    assert [p.status for p in shared] == ["evaluate", "evaluate"]
+    kept = (peer.out / evaluation).read_text()
+    lines = []
+    with pytest.raises(UserError, match="2 of 2 runs failed"):
+        execute(other, shared, print_line=lines.append)
+    assert any("expected (2, 5, 3)" in line for line in lines), lines
+    assert (peer.out / evaluation).read_text() == kept
+    assert [p.status for p in plan(spec, runs)] == ["done", "done"]
+
+    (peer.out / evaluation).unlink()
     for arrays, fault in (
         ({"val": np.zeros((2, 5, 3))}, "predictions for set 'val' have shape (2, 5, 3), expected (3, 5, 3)"),
         ({"eval": np.zeros((2, 5, 3))}, "predictions for set 'eval': this task's sets are train, val, test"),

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from geoattn.errors import ConfigError
-from geoattn.experiments.runner import RunPlan
+from geoattn.experiments.runner import RunPlan, evaluation_file
 from geoattn.experiments.spec import ExperimentSpec
 from geoattn.formatting import format_table, significant
 from geoattn.training.run_dir import RunDirectory
@@ -34,15 +34,14 @@ VERDICT_RULE = (
 )
 
 
-def run_values(out: Path) -> dict[str, float]:
+def run_values(plan: RunPlan) -> dict[str, float]:
     """Every number a finished run reports: its summary (final metrics included) and evaluation rows."""
-    run = RunDirectory(out)
+    run = RunDirectory(plan.out)
     summary = run.read_summary()
     values = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     values.update({k: v for k, v in summary.get("final", {}).items() if isinstance(v, (int, float))})
-    values.update(
-        {r["metric"]: r["value"] for r in run.read_evaluation() if isinstance(r["value"], (int, float))}
-    )
+    rows = run.read_evaluation(evaluation_file(plan.config))
+    values.update({r["metric"]: r["value"] for r in rows if isinstance(r["value"], (int, float))})
     return values
 
 
@@ -77,7 +76,7 @@ def aggregate(spec: ExperimentSpec, plans: list[RunPlan]) -> dict[str, dict[str,
     the plots need)."""
     table: dict[str, dict[str, Stat]] = {c.name: {} for c in spec.cells}
     for p in plans:
-        values = run_values(p.out)
+        values = run_values(p)
         if not values.get("iter") == p.config["max_iters"]:
             continue  # not finished: it does not count
         for metric, value in values.items():
@@ -219,7 +218,7 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
 
     results.mkdir(parents=True, exist_ok=True)
     table = aggregate(spec, plans)
-    finished = sum(1 for p in plans if run_values(p.out).get("iter") == p.config["max_iters"])
+    finished = sum(1 for p in plans if run_values(p).get("iter") == p.config["max_iters"])
     lines = [f"# Experiment `{spec.name}`", ""]
     if spec.description:
         lines += [spec.description.strip(), ""]
@@ -245,7 +244,7 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
         lines += [f"![{entry['metric']}]({name})", ""]
     per_seed = []
     for p in plans:
-        values = run_values(p.out)
+        values = run_values(p)
         per_seed.append(
             [p.cell.name, p.seed, *(significant(values[m]) if m in values else "–" for m in spec.metrics)]
         )

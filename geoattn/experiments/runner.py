@@ -1,7 +1,8 @@
 """Planning and running an experiment's grid, resumably.
 
 A run is *done* when its ``summary.json`` says it reached ``max_iters`` (and, if the experiment
-evaluates, its ``evaluation.json`` exists; a peer's only where its command wrote predictions); it
+evaluates, its evaluation exists; a peer's only where its command wrote predictions, in a file per task
+they are measured on, :func:`evaluation_file`); it
 *resumes* when its directory holds a checkpoint; else it is *new*. Interrupting (Ctrl-C) saves every
 running run's checkpoint, so a long suite can be carried across several sittings by running the same
 command again.
@@ -10,6 +11,7 @@ command again.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import signal
@@ -41,10 +43,20 @@ class RunPlan:
     at_iter: int = 0  # the checkpoint's iteration when resuming
 
 
-def _status(run: RunDirectory, max_iters: int, evaluate: bool) -> tuple[str, int]:
+def evaluation_file(config: dict[str, Any]) -> str:
+    """The file of a run's evaluation rows: ``evaluation.json``; for a peer (whose run directory
+    experiments share whatever task settings they measure it on) ``evaluation-<key>.json``, the key a
+    digest of the task, files and options its predictions are measured on (``evaluate_on``)."""
+    if "command" not in config:
+        return RunDirectory.EVALUATION
+    key = json.dumps(config["evaluate_on"], sort_keys=True)
+    return f"evaluation-{hashlib.sha256(key.encode()).hexdigest()[:10]}.json"
+
+
+def _status(run: RunDirectory, max_iters: int, evaluate: bool, evaluation: str) -> tuple[str, int]:
     summary = run.read_summary()
     if summary.get("iter") == max_iters and not summary.get("interrupted"):
-        if not evaluate or _evaluated(run):
+        if not evaluate or _evaluated(run, evaluation):
             return "done", max_iters
         return "evaluate", max_iters  # trained (e.g. by another experiment), not yet evaluated
     if run.has_checkpoint():
@@ -52,10 +64,10 @@ def _status(run: RunDirectory, max_iters: int, evaluate: bool) -> tuple[str, int
     return "new", 0
 
 
-def _evaluated(run: RunDirectory) -> bool:
-    """Whether the run's ``evaluation.json`` exists and is newer than a peer's predictions (a peer's
-    ``--predict-only`` may write them again after it was evaluated)."""
-    evaluation, predictions = run.file(RunDirectory.EVALUATION), run.path / PEER_PREDICTIONS
+def _evaluated(run: RunDirectory, name: str) -> bool:
+    """Whether the run's evaluation file ``name`` exists and is newer than a peer's predictions (a
+    peer's ``--predict-only`` may write them again after it was evaluated)."""
+    evaluation, predictions = run.file(name), run.path / PEER_PREDICTIONS
     if not evaluation.exists():
         return False
     return not predictions.exists() or predictions.stat().st_mtime <= evaluation.stat().st_mtime
@@ -70,7 +82,7 @@ def plan(spec: ExperimentSpec, runs: Path) -> list[RunPlan]:
             out = Path(config["out"])
             # a peer is evaluated where its command wrote what it predicted (e.g. GATr's runner)
             evaluate = spec.evaluate and (cell.command is None or (out / PEER_PREDICTIONS).is_file())
-            status, at = _status(RunDirectory(out), config["max_iters"], evaluate)
+            status, at = _status(RunDirectory(out), config["max_iters"], evaluate, evaluation_file(config))
             plans.append(RunPlan(cell, seed, out, config, status, at))
     return plans
 
@@ -112,7 +124,8 @@ def _train_and_evaluate(train, run: RunDirectory, evaluate: bool) -> dict[str, A
     from geoattn.training.evaluate import evaluation_rows, load_run
     from geoattn.training.trainer import Trainer, run_task
 
-    status, _ = _status(run, train.max_iters, evaluate)  # now, under the claim (the plan may be old)
+    # now, under the claim (the plan may be old)
+    status, _ = _status(run, train.max_iters, evaluate, run.EVALUATION)
     if status == "done":
         return run.read_summary()
     stop_requested = False
@@ -149,8 +162,9 @@ def _run_peer(config: dict[str, Any], threads: int | None, evaluate: bool = Fals
         summary = run.read_summary()
         if summary.get("iter") != config["max_iters"]:
             summary = _train_peer(config, threads, run)
-        if evaluate and (run.path / PEER_PREDICTIONS).is_file() and not _evaluated(run):
-            run.write_evaluation(_evaluate_peer(config, run.path / PEER_PREDICTIONS))
+        evaluation = evaluation_file(config)
+        if evaluate and (run.path / PEER_PREDICTIONS).is_file() and not _evaluated(run, evaluation):
+            run.write_evaluation(_evaluate_peer(config, run.path / PEER_PREDICTIONS), evaluation)
         return summary
     finally:
         lock.unlink(missing_ok=True)
@@ -184,7 +198,7 @@ def _train_peer(config: dict[str, Any], threads: int | None, run: RunDirectory) 
     """Run the peer's command under the caller's claim; its ``metrics.json`` as the run's summary.
     What an earlier run of it left to be evaluated goes first (it measured another model)."""
     run.path.mkdir(parents=True, exist_ok=True)
-    for stale in (run.path / PEER_PREDICTIONS, run.file(run.EVALUATION)):
+    for stale in (run.path / PEER_PREDICTIONS, *run.path.glob("evaluation*.json")):
         stale.unlink(missing_ok=True)
     count = str(threads or os.cpu_count() or 1)
     command = [a.replace("{threads}", count) for a in config["command"]]

@@ -253,11 +253,12 @@ class RunDirectory:
         path = self.file(self.SUMMARY)
         return json.loads(path.read_text()) if path.exists() else {}
 
-    def write_evaluation(self, rows: list[dict[str, Any]]) -> None:
-        self._write_json(self.EVALUATION, {"rows": rows})
+    def write_evaluation(self, rows: list[dict[str, Any]], name: str = EVALUATION) -> None:
+        """The evaluation rows, in ``name`` (a peer's run keeps one file per task it is measured on)."""
+        self._write_json(name, {"rows": rows})
 
-    def read_evaluation(self) -> list[dict[str, Any]]:
-        path = self.file(self.EVALUATION)
+    def read_evaluation(self, name: str = EVALUATION) -> list[dict[str, Any]]:
+        path = self.file(name)
         return json.loads(path.read_text())["rows"] if path.exists() else []
 
     # ------------------------------------------------------------------ plots and report ---------
