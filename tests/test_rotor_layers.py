@@ -15,6 +15,7 @@ from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.layout import blade_major
 from geoattn.algebra.rotation import rotate_pairs
 from geoattn.attention.rotor_kernel import rotor_attention
+from geoattn.errors import ConfigError
 from geoattn.layers.multivector import (
     EquiLinear,
     GeometricMLP,
@@ -262,6 +263,33 @@ def test_rotor_transformer_is_equivariant(ga_name, dtype, aggregation):
         for got, want in zip(model.float()(x, s, mask=None), twin(x.double(), s.double(), mask=None)):
             assert _rel(got.double(), want) < tol
     _check_equivariant(model, model.algebra, dtype, x, s, mask=None)
+
+
+def test_layer_scale_starts_each_block_as_the_identity_and_keeps_the_model_equivariant():
+    """``layer_scale = 0`` (ReZero): every block is the identity at the start, so the model is its
+    embedding and head alone, and the gains still get gradients (the only ones inside the blocks);
+    with gains away from zero the model stays equivariant (float64, rotations and reflections); a
+    scale that is not a number is refused naming the key."""
+    torch.manual_seed(0)
+    sizes = dict(in_channels=2, in_scalars=1, out_channels=1, out_scalars=2, channels=6, scalars=4, n_layer=2)
+    model = RotorTransformer(RotorTransformerConfig(**sizes, layer_scale=0.0)).double()
+    x, s = _inputs(model.algebra, torch.float64, C=2, S=1)
+    mv, scalars = model(x, s)
+    direct = model.head(*model.embed(x, s))
+    assert torch.equal(mv, direct[0]) and torch.equal(scalars, direct[1])
+    (mv.square().sum() + scalars.square().sum()).backward()
+    block = model.blocks[0]
+    assert block.attn_scale.gain.grad.abs().sum() > 0 and block.mlp_scale.scalar_gain.grad.abs().sum() > 0
+    assert not block.attn.qkv.weight.grad.any()  # the branches' own weights wait for their gains
+    with torch.no_grad():
+        for b in model.blocks:
+            for scale in (b.attn_scale, b.mlp_scale):
+                scale.gain.uniform_(0.5, 1.5)
+                scale.scalar_gain.uniform_(0.5, 1.5)
+    assert not torch.allclose(model(x, s)[0], mv)
+    _check_equivariant(model, model.algebra, torch.float64, x, s, mask=None)
+    with pytest.raises(ConfigError, match="layer_scale"):
+        RotorTransformerConfig(**sizes, layer_scale="small")
 
 
 def test_embedding_is_equivariant_and_typed():

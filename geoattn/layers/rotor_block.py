@@ -171,6 +171,9 @@ class RotorAttention(nn.Module):
         concat = [h for idx in groups.values() for h in idx]
         self.register_buffer("order", torch.argsort(torch.tensor(concat)), persistent=False)
         self._reorder = concat != sorted(concat)
+        # groups in head order, each consecutive (the default head cycles): q, k and v cut by one split,
+        # whose backward is one concatenation, where a slice per group costs a zero-filled gradient each
+        self._split = None if self._reorder else [len(idx) for idx in groups.values()]
 
     def forward(
         self, x: Tensor, s: Tensor | None = None, mask: Tensor | None = None, positions: Tensor | None = None
@@ -184,8 +187,9 @@ class RotorAttention(nn.Module):
         if self.positional is not None:
             if positions is None:
                 raise ValueError("RotorAttention: positional_encoding=True needs positions")
-            q, k = self.positional.rotate_qk(qkv[:, :, :2], positions).permute(2, 0, 3, 1, 4, 5)
-            v = qkv[:, :, 2].transpose(1, 2)
+            qk, v = qkv.split((2, 1), dim=2)  # a split, not slices: see `_split`
+            q, k = self.positional.rotate_qk(qk, positions).permute(2, 0, 3, 1, 4, 5)
+            v = v.squeeze(2).transpose(1, 2)
         else:
             q, k, v = qkv.permute(2, 0, 3, 1, 4, 5)  # each (B, H, N, Ch, dim)
         o = self._heads(q, k, v, mask)  # (B, H, N, Ch, dim) in head order
@@ -201,11 +205,15 @@ class RotorAttention(nn.Module):
     @disabled
     def _heads(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """Each group of heads of one type through :func:`rotor_attention`; ``(B, H, N, Ch, dim)``."""
+        if self._split is not None:
+            parts = zip(q.split(self._split, 1), k.split(self._split, 1), v.split(self._split, 1))
+        else:
+            parts = ((q[:, idx], k[:, idx], v[:, idx]) for idx in self.groups.values())
         outs = [
             rotor_attention(
-                q[:, idx],
-                k[:, idx],
-                v[:, idx],
+                qg,
+                kg,
+                vg,
                 algebra=self.algebra,
                 head_type=t,
                 causal=self.causal,
@@ -213,7 +221,7 @@ class RotorAttention(nn.Module):
                 key_mask=mask,
                 aggregation=self.aggregation if HEADS[t].compose is not None else "sum",
             )
-            for t, idx in self.groups.items()
+            for t, (qg, kg, vg) in zip(self.groups, parts)
         ]
         o = torch.cat(outs, 1) if len(outs) > 1 else outs[0]
         return o[:, self.order] if self._reorder else o
@@ -232,7 +240,11 @@ class RotorBlock(nn.Module):
     ``forward(x (B, N, C, dim), s (B, N, S) | None, mask (B, N) | None) -> (x, s)`` of the same shapes.
     ``per_grade_norm``: :class:`GradeLayerNorm` normalises each grade separately (else all blades
     together); the MLP's hidden width is ``mlp_ratio · channels``; ``aggregation`` of the rotation
-    heads as in :class:`RotorAttention`.
+    heads as in :class:`RotorAttention`. ``layer_scale``: each branch's output multiplied by learned
+    per-channel gains (multivector channels and scalars) that start at this value (CaiT's LayerScale;
+    0 is ReZero's start: the block starts as the identity and grows each branch only as far as the
+    loss asks); None: no gains. A gain per channel scales whole multivectors, so the block stays
+    equivariant.
     """
 
     def __init__(
@@ -247,6 +259,7 @@ class RotorBlock(nn.Module):
         per_grade_norm: bool = False,
         mlp_ratio: int = 2,
         aggregation: str = "sum",
+        layer_scale: float | None = None,
     ):
         super().__init__()
         C, S = channels, scalars
@@ -258,9 +271,32 @@ class RotorBlock(nn.Module):
             algebra, C, head_types, head_channels, scalars=S, inverse=inverse, aggregation=aggregation
         )
         self.mlp = GeometricMLP(algebra, C, S, hidden=mlp_ratio * C)
+        self.attn_scale = BranchScale(C, S, layer_scale) if layer_scale is not None else None
+        self.mlp_scale = BranchScale(C, S, layer_scale) if layer_scale is not None else None
 
     def forward(self, x: Tensor, s: Tensor | None, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
         dx, ds = self.attn(self.norm1(x), self.snorm1(s) if s is not None else None, mask)
+        if self.attn_scale is not None:
+            dx, ds = self.attn_scale(dx, ds)
         x, s = x + dx, (s + ds if s is not None else None)
         dx, ds = self.mlp(self.norm2(x), self.snorm2(s) if s is not None else None)
+        if self.mlp_scale is not None:
+            dx, ds = self.mlp_scale(dx, ds)
         return x + dx, (s + ds if s is not None else None)
+
+
+class BranchScale(nn.Module):
+    """Learned per-channel gains on a residual branch's output (CaiT's LayerScale), starting at
+    ``init``: ``(dx (B, N, C, dim), ds (B, N, S) | None) → (γ_c dx_c, γ^s ⊙ ds)``. Vectors, not
+    matrices, so the trainer does not decay them (a branch the loss does not use stays small)."""
+
+    def __init__(self, channels: int, scalars: int, init: float):
+        super().__init__()
+        self.gain = nn.Parameter(torch.full((channels,), float(init)))
+        self.scalar_gain = nn.Parameter(torch.full((scalars,), float(init))) if scalars else None
+
+    def forward(self, dx: Tensor, ds: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        dx = dx * self.gain[:, None]
+        if ds is not None and self.scalar_gain is not None:
+            ds = ds * self.scalar_gain
+        return dx, ds

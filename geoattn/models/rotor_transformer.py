@@ -11,6 +11,7 @@ in PGA Cl(3,0,1) (GATr's embedding: points as trivectors, translations act by ve
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -58,6 +59,9 @@ class RotorTransformerConfig:
         norm: "joint" (one invariant norm over all grades, GATr's) or "per_grade" (each grade alone).
         aggregation: how rotation heads aggregate: "sum" (Σ_j α_ij R_ij v_j R̃_ij) or "compose" (one
             mean rotor per query applied to the weighted mean value; docs/concepts/rotors.md#compose).
+        layer_scale: learned per-channel gains on every block's attention and MLP outputs, starting
+            at this value (0: each block starts as the identity, ReZero); None: none
+            (:class:`~geoattn.layers.rotor_block.RotorBlock`).
 
     ``norm="joint"`` keeps the grades' relative sizes (e.g. |position| against the scalar channels);
     ``"per_grade"`` hides every grade's size from the next layer.
@@ -77,6 +81,7 @@ class RotorTransformerConfig:
     inverse: bool = False
     norm: str = "joint"
     aggregation: str = "sum"
+    layer_scale: float | None = None
 
     def __post_init__(self) -> None:
         signature = algebra_signature(self.algebra, "RotorTransformerConfig.algebra", ALGEBRA_NAMES)
@@ -88,6 +93,11 @@ class RotorTransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"RotorTransformerConfig.{name} must be an integer ≥ 0, got {value!r}")
+        scale = self.layer_scale
+        if scale is not None and (
+            isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
+        ):
+            raise ConfigError(f"RotorTransformerConfig.layer_scale must be a number or None, got {scale!r}")
         self.head_types = check_head_types(
             "RotorTransformerConfig.head_types",
             self.head_types,
@@ -170,6 +180,7 @@ class RotorTransformer(nn.Module):
                 per_grade_norm=config.norm == "per_grade",
                 mlp_ratio=config.mlp_ratio,
                 aggregation=config.aggregation,
+                layer_scale=config.layer_scale,
             )
             for _ in range(config.n_layer)
         )
