@@ -152,10 +152,10 @@ def test_a_failing_run_is_reported_and_the_others_still_run(workdir, monkeypatch
     real = runner._train_and_evaluate
     broken = plan(load_spec("tiny"), workdir / "runs" / "experiments")[1].out
 
-    def train_or_fail(train, run, evaluate):
+    def train_or_fail(train, run, *args):
         if Path(run.path).resolve() == Path(broken).resolve():
             raise CheckpointError(f"checkpoint in {broken} is inconsistent")
-        return real(train, run, evaluate)
+        return real(train, run, *args)
 
     monkeypatch.setattr(runner, "_train_and_evaluate", train_or_fail)
     assert main(["experiment", "tiny"]) == 2

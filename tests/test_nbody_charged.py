@@ -311,7 +311,14 @@ def test_a_peers_predictions_are_measured_as_our_runs_are(tmp_path):
     assert [p.status for p in plan(spec, runs)] == ["done", "done"]
 
     # another experiment measuring the same peer run on other task settings gets its own evaluation
-    # (here a training set of 2, shorter than the 4 training predictions: refused), not this one's
+    # file: here settings that leave the sets as they are (rows equal, files apart), then a training
+    # set of 2, shorter than the 4 training predictions (refused), neither touching this one's
+    assert evaluation_file({"max_iters": 10}) == "evaluation.json"  # this project's runs: one file
+    alike = load_spec(str(experiment("alike", ", seed = 5")))
+    execute(alike, plan(alike, runs), print_line=lambda line: None)
+    alike_file = evaluation_file(plan(alike, runs)[0].config)
+    assert alike_file != evaluation and alike_file.startswith("evaluation-")
+    assert (peer.out / alike_file).read_text() == (peer.out / evaluation).read_text()
     other = load_spec(str(experiment("other", ", train_size = 2")))
     shared = plan(other, runs)
     assert [p.out for p in shared] == [peer.out, mute.out]

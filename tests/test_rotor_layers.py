@@ -290,6 +290,15 @@ def test_layer_scale_starts_each_block_as_the_identity_and_keeps_the_model_equiv
     _check_equivariant(model, model.algebra, torch.float64, x, s, mask=None)
     with pytest.raises(ConfigError, match="layer_scale"):
         RotorTransformerConfig(**sizes, layer_scale="small")
+    # by default no gains: the parameters (and so every saved model's keys) are those of before
+    plain = RotorTransformer(RotorTransformerConfig(**sizes))
+    assert not any("scale" in name for name in plain.state_dict())
+    assert set(model.state_dict()) - set(plain.state_dict()) == {
+        f"blocks.{i}.{branch}.{gain}"
+        for i in range(2)
+        for branch in ("attn_scale", "mlp_scale")
+        for gain in ("gain", "scalar_gain")
+    }
 
 
 def test_embedding_is_equivariant_and_typed():
@@ -369,6 +378,34 @@ def test_causal_layer_with_rotor_encoding_ignores_later_tokens():
     x2[:, 4:] = torch.randn(2, 2, 3, 8, dtype=torch.float64)
     y2, _ = layer(x2, positions=t)
     assert _rel(y2[:, :4], y[:, :4]) < 1e-12 and _rel(y2[:, 4:], y[:, 4:]) > 1e-3
+
+
+ROT, PROJ = "rotation", "projection"
+HEAD_ORDERS = [(ROT, ROT, PROJ), (ROT, "frame"), (ROT, PROJ, ROT)]
+
+
+@pytest.mark.parametrize("heads", HEAD_ORDERS)
+@pytest.mark.parametrize("positional", [False, True])
+def test_head_groups_cut_by_one_split_as_by_slices(heads, positional):
+    """Head groups in head order are cut from q, k and v by one split (``_split_sizes``), out of order
+    by indexing; the split gives the values and gradients (inputs and weights) that slicing each group
+    gives, bit for bit, with and without the positional encoding."""
+    torch.manual_seed(7)
+    layer = RotorAttention(CL3, 3, list(heads), 2, scalars=2, causal=True, positional_encoding=positional)
+    layer = layer.double()
+    assert (layer._split_sizes is None) == (heads[-1] == ROT)  # out of order: the indexing path
+    sliced = copy.deepcopy(layer)
+    sliced._split_sizes = None
+    x, s = _inputs(CL3, torch.float64, N=6, C=3, S=2)
+    t = torch.arange(6, dtype=torch.float64) if positional else None
+    results = []
+    for model in (layer, sliced):
+        xi, si = x.clone().requires_grad_(), s.clone().requires_grad_()
+        y, ys = model(xi, si, positions=t)
+        (y.square().sum() + ys.square().sum()).backward()
+        results.append([y, ys, xi.grad, si.grad, *(p.grad for p in model.parameters())])
+    for got, want in zip(*results):
+        assert torch.equal(got, want)
 
 
 # ------------------------------------------------------------------------------- model behaviour

@@ -34,13 +34,14 @@ VERDICT_RULE = (
 )
 
 
-def run_values(plan: RunPlan) -> dict[str, float]:
-    """Every number a finished run reports: its summary (final metrics included) and evaluation rows."""
-    run = RunDirectory(plan.out)
+def run_values(out: Path, evaluation: str = RunDirectory.EVALUATION) -> dict[str, float]:
+    """Every number a finished run reports: its summary (final metrics included) and the evaluation
+    rows of its file ``evaluation`` (a peer's: :func:`~geoattn.experiments.runner.evaluation_file`)."""
+    run = RunDirectory(out)
     summary = run.read_summary()
     values = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     values.update({k: v for k, v in summary.get("final", {}).items() if isinstance(v, (int, float))})
-    rows = run.read_evaluation(evaluation_file(plan.config))
+    rows = run.read_evaluation(evaluation)
     values.update({r["metric"]: r["value"] for r in rows if isinstance(r["value"], (int, float))})
     return values
 
@@ -76,7 +77,7 @@ def aggregate(spec: ExperimentSpec, plans: list[RunPlan]) -> dict[str, dict[str,
     the plots need)."""
     table: dict[str, dict[str, Stat]] = {c.name: {} for c in spec.cells}
     for p in plans:
-        values = run_values(p)
+        values = run_values(p.out, evaluation_file(p.config))
         if not values.get("iter") == p.config["max_iters"]:
             continue  # not finished: it does not count
         for metric, value in values.items():
@@ -218,7 +219,7 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
 
     results.mkdir(parents=True, exist_ok=True)
     table = aggregate(spec, plans)
-    finished = sum(1 for p in plans if run_values(p).get("iter") == p.config["max_iters"])
+    finished = sum(1 for p in plans if run_values(p.out).get("iter") == p.config["max_iters"])
     lines = [f"# Experiment `{spec.name}`", ""]
     if spec.description:
         lines += [spec.description.strip(), ""]
@@ -244,7 +245,7 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
         lines += [f"![{entry['metric']}]({name})", ""]
     per_seed = []
     for p in plans:
-        values = run_values(p)
+        values = run_values(p.out, evaluation_file(p.config))
         per_seed.append(
             [p.cell.name, p.seed, *(significant(values[m]) if m in values else "–" for m in spec.metrics)]
         )

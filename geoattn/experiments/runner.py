@@ -49,7 +49,7 @@ def evaluation_file(config: dict[str, Any]) -> str:
     digest of the task, files and options its predictions are measured on (``evaluate_on``)."""
     if "command" not in config:
         return RunDirectory.EVALUATION
-    key = json.dumps(config["evaluate_on"], sort_keys=True)
+    key = json.dumps(config["evaluate_on"], sort_keys=True, default=str)  # a TOML date as its text
     return f"evaluation-{hashlib.sha256(key.encode()).hexdigest()[:10]}.json"
 
 
@@ -115,17 +115,17 @@ def run_one(
     if lock is None:  # another `geoattn experiment` (one sharing this run) is training it now
         return {"skipped": True, "busy": True, "iter": None}
     try:
-        return _train_and_evaluate(train, run, evaluate)
+        return _train_and_evaluate(train, run, evaluate, evaluation_file(config))
     finally:
         lock.unlink(missing_ok=True)
 
 
-def _train_and_evaluate(train, run: RunDirectory, evaluate: bool) -> dict[str, Any]:
+def _train_and_evaluate(train, run: RunDirectory, evaluate: bool, evaluation: str) -> dict[str, Any]:
     from geoattn.training.evaluate import evaluation_rows, load_run
     from geoattn.training.trainer import Trainer, run_task
 
     # now, under the claim (the plan may be old)
-    status, _ = _status(run, train.max_iters, evaluate, run.EVALUATION)
+    status, _ = _status(run, train.max_iters, evaluate, evaluation)
     if status == "done":
         return run.read_summary()
     stop_requested = False
@@ -143,7 +143,7 @@ def _train_and_evaluate(train, run: RunDirectory, evaluate: bool) -> dict[str, A
     if evaluate:
         loaded = load_run(run.path)
         rows = [dataclasses.asdict(r) for r in evaluation_rows(loaded)]
-        run.write_evaluation(rows)
+        run.write_evaluation(rows, evaluation)
     if stop_requested:
         return {**run.read_summary(), "stop_requested": True}
     return run.read_summary()
@@ -198,7 +198,7 @@ def _train_peer(config: dict[str, Any], threads: int | None, run: RunDirectory) 
     """Run the peer's command under the caller's claim; its ``metrics.json`` as the run's summary.
     What an earlier run of it left to be evaluated goes first (it measured another model)."""
     run.path.mkdir(parents=True, exist_ok=True)
-    for stale in (run.path / PEER_PREDICTIONS, *run.path.glob("evaluation*.json")):
+    for stale in (run.path / PEER_PREDICTIONS, run.file(run.EVALUATION), *run.path.glob("evaluation-*.json")):
         stale.unlink(missing_ok=True)
     count = str(threads or os.cpu_count() or 1)
     command = [a.replace("{threads}", count) for a in config["command"]]

@@ -173,7 +173,7 @@ class RotorAttention(nn.Module):
         self._reorder = concat != sorted(concat)
         # groups in head order, each consecutive (the default head cycles): q, k and v cut by one split,
         # whose backward is one concatenation, where a slice per group costs a zero-filled gradient each
-        self._split = None if self._reorder else [len(idx) for idx in groups.values()]
+        self._split_sizes = None if self._reorder else [len(idx) for idx in groups.values()]
 
     def forward(
         self, x: Tensor, s: Tensor | None = None, mask: Tensor | None = None, positions: Tensor | None = None
@@ -187,7 +187,7 @@ class RotorAttention(nn.Module):
         if self.positional is not None:
             if positions is None:
                 raise ValueError("RotorAttention: positional_encoding=True needs positions")
-            qk, v = qkv.split((2, 1), dim=2)  # a split, not slices: see `_split`
+            qk, v = qkv.split((2, 1), dim=2)  # a split, not slices: see `_split_sizes`
             q, k = self.positional.rotate_qk(qk, positions).permute(2, 0, 3, 1, 4, 5)
             v = v.squeeze(2).transpose(1, 2)
         else:
@@ -205,8 +205,9 @@ class RotorAttention(nn.Module):
     @disabled
     def _heads(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """Each group of heads of one type through :func:`rotor_attention`; ``(B, H, N, Ch, dim)``."""
-        if self._split is not None:
-            parts = zip(q.split(self._split, 1), k.split(self._split, 1), v.split(self._split, 1))
+        if self._split_sizes is not None:
+            sizes = self._split_sizes
+            parts = zip(q.split(sizes, 1), k.split(sizes, 1), v.split(sizes, 1))
         else:
             parts = ((q[:, idx], k[:, idx], v[:, idx]) for idx in self.groups.values())
         outs = [

@@ -10,6 +10,7 @@ Files of a run (nothing else in the directory is ever touched):
 | ``best.safetensors`` | at an evaluation with a new lowest validation loss (``keep_best``) | those weights |
 | ``summary.json`` | at the end | the final metrics (full-set ones included), iterations, wall time |
 | ``evaluation.json`` | by ``geoattn experiment`` | the task's evaluation table (``geoattn eval``'s rows) |
+| ``evaluation-<key>.json`` | by ``geoattn experiment``, a peer's | its predictions' rows per task setting |
 | ``*.png`` | at the end | loss curves, an attention map, the RT precision (what applies) |
 | ``tensorboard/`` | every logged step (``--logger tensorboard``) | TensorBoard event files |
 
