@@ -98,3 +98,25 @@ def test_each_peer_cell_of_the_repository_is_written_once():
     defined = tomllib.loads((EXPERIMENTS / PEERS_FILE).read_text(encoding="utf-8"))
     assert set(named) == set(defined)
     assert all(len(users) > 1 for users in named.values()), dict(named)
+
+
+def test_a_peers_evaluation_file_is_keyed_by_the_task_it_is_measured_on():
+    """Our runs keep ``evaluation.json``; a peer's file name is a digest of ``evaluate_on``: the same for
+    the same settings in any key order, another for other settings, and a TOML date among them is
+    keyed by its text (no traceback)."""
+    import datetime
+
+    from geoattn.experiments.runner import evaluation_file
+
+    def peer(on):
+        return {"command": ["run"], "max_iters": 1, "evaluate_on": on}
+
+    assert evaluation_file({"max_iters": 1}) == "evaluation.json"
+    on = {"task": "nbody", "task_options": {"system": "charged", "train_size": 2}}
+    name = evaluation_file(peer(on))
+    assert name.startswith("evaluation-") and name.endswith(".json")
+    reordered = {"task_options": {"train_size": 2, "system": "charged"}, "task": "nbody"}
+    assert evaluation_file(peer(reordered)) == name
+    assert evaluation_file(peer({**on, "task_options": {"system": "charged"}})) != name
+    dated = evaluation_file(peer({**on, "task_options": {"since": datetime.date(2026, 12, 5)}}))
+    assert dated.startswith("evaluation-") and dated != name
