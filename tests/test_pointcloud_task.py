@@ -12,7 +12,7 @@ from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes
 from geoattn.tasks import task_class
 from geoattn.tasks.nbody.simulator import random_orthogonal
-from geoattn.tasks.pointcloud.models import azimuthal_power
+from geoattn.tasks.pointcloud.models import azimuthal_power, point_inputs
 from geoattn.tasks.pointcloud.shapes import CLASSES, sample_clouds
 from geoattn.tasks.pointcloud.task import PointCloudConfig, PointCloudTask, rotate, rotations
 
@@ -100,14 +100,16 @@ def test_local_messages_keep_the_logits_invariant_and_change_them():
         task._build("rotor", SIZES, {"local": 9})
 
 
-@pytest.mark.parametrize("harmonics", [0, 4])
-def test_rotor_with_the_up_axis_is_invariant_only_about_z(harmonics):
+@pytest.mark.parametrize(
+    "extra", [{}, {"harmonics": 4}, {"heights": True}, {"heights": True, "normals": False, "neighbours": 0}]
+)
+def test_rotor_with_the_up_axis_is_invariant_only_about_z(extra):
     """``up`` adds e_z as an input: the logits keep their invariance under rotations about z,
     reflections in planes through z and translations, and lose it under general rotations; with the
-    azimuthal harmonics of the outputs read as well."""
+    azimuthal harmonics of the outputs read as well, and with the heights as scalar inputs."""
     task = PointCloudTask(PointCloudConfig(**SMALL))
     torch.manual_seed(0)
-    options = {"normals": True, "up": True, "harmonics": harmonics}
+    options = {"normals": True, "up": True, **extra}
     model = task._build("rotor", SIZES, options).double().eval()
     x, _ = task.evaluation_set("val")
     x = x[:8]
@@ -141,6 +143,23 @@ def test_azimuthal_power_tells_four_faces_from_a_ring():
     assert torch.allclose(azimuthal_power(v @ turn.T, 4), azimuthal_power(v, 4), atol=1e-12)
     with pytest.raises(ConfigError, match="harmonics needs up"):
         PointCloudTask(PointCloudConfig(**SMALL))._build("rotor", SIZES, {"harmonics": 4})
+
+
+def test_heights_are_the_vertical_invariants_of_the_inputs():
+    """``heights`` appends, per point, its height and its distance from the z axis, then the vertical
+    components of its offset and normal: the scalars a point has under the up model's symmetry."""
+    task = PointCloudTask(PointCloudConfig(**SMALL))
+    model = task._build("rotor", SIZES, {"normals": True, "up": True, "heights": True})
+    x, _ = task.evaluation_set("val")
+    points = x[:4] - x[:4].mean(1, keepdim=True)
+    mv, scalars = model.inputs(points)
+    assert scalars.shape[-1] == point_inputs(model.config)[1] == 5 + 4
+    vectors = model.algebra.vector_part(mv)  # (B, P, 4, 3): x, offset, normal, e_z
+    torch.testing.assert_close(scalars[..., 5], points[..., 2])
+    torch.testing.assert_close(scalars[..., 6], points[..., :2].norm(dim=-1))
+    torch.testing.assert_close(scalars[..., 7:], vectors[..., 1:3, 2])
+    with pytest.raises(ConfigError, match="heights needs up"):
+        task._build("rotor", SIZES, {"heights": True})
 
 
 def test_rotor_fits_a_batch():

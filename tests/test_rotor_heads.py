@@ -14,6 +14,9 @@ from geoattn.attention.rotor_heads import HeadType, register_head_type, unregist
 from geoattn.attention.rotor_kernel import rotor_attention
 from geoattn.layers.rotor_block import RotorAttention
 from geoattn.models.rotor_lm import RotorLMConfig
+from geoattn.recipes import build_config
+from geoattn.training.config import parse_set
+from geoattn.training.trainer import run_model, run_task
 
 CL3 = CliffordAlgebra(3)
 
@@ -64,3 +67,16 @@ def test_a_registered_head_type_runs_everywhere(identity_head):
     assert RotorLMConfig(head_types=(identity_head, "rotation")).head_types == ("identity", "rotation")
     with pytest.raises(ValueError, match="inverse=True applies to .*not 'identity'"):
         rotor_attention(q, k, v, algebra=CL3, head_type=identity_head, inverse=True)
+
+
+@pytest.mark.parametrize("task", ["pointcloud", "nbody"])
+def test_head_types_from_a_comma_string_in_every_rotor_config(task):
+    """``--set model.head_types=frame,projection`` reads as two heads in the point and n-body rotor
+    models too (not as the characters of the string), and an unknown one is named."""
+    sets = ["model.head_types=frame, projection", "model.head_channels=2"]
+    config = build_config({"task": task, "model": "rotor", "n_layer": 1, "n_embd": 32}, parse_set(sets))
+    model = run_model(run_task(config), config)
+    assert model.config.head_types == ("frame", "projection")
+    bad = build_config({"task": task, "model": "rotor"}, parse_set(["model.head_types=frame,spin"]))
+    with pytest.raises(ValueError, match="'spin'"):
+        run_model(run_task(bad), bad)

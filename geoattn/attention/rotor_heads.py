@@ -95,7 +95,7 @@ def default_head_types(n_head: int) -> tuple[str, ...]:
 
 def check_head_types(
     owner: str,
-    head_types: tuple[str, ...] | list[str],
+    head_types: tuple[str, ...] | list[str] | str,
     signature: tuple[int, int, int],
     channels: int | None = None,
     *,
@@ -107,7 +107,7 @@ def check_head_types(
 
     Args:
         owner: who asks, the start of every message (``"RotorLMConfig.head_types"``).
-        head_types: one head type per head.
+        head_types: one head type per head (or a comma string, as ``--set model.head_types=a,b`` gives).
         signature: ``(p, q, r)`` of the algebra; ``algebra``: how the caller names it in messages
             (default the signature's name).
         channels: channels per head in q and k, or None when not known yet.
@@ -118,6 +118,8 @@ def check_head_types(
     Raises:
         ConfigError (a ValueError) naming the head type and the rule it breaks.
     """
+    if isinstance(head_types, str):  # "rotation,projection" from the command line
+        head_types = [t.strip() for t in head_types.split(",")]
     head_types = tuple(head_types)
     where = algebra or signature_name(signature)
     if not head_types:

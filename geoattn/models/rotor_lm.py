@@ -114,9 +114,6 @@ class RotorLMConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.head_types, str):  # "rotation,projection" from the command line
-            self.head_types = tuple(t.strip() for t in self.head_types.split(","))
-        self.head_types = tuple(self.head_types)
         algebra_dim(self.algebra)
         for name in ("vocab_size", "block_size", "n_layer", "channels", "head_channels", "mlp_ratio"):
             value = getattr(self, name)

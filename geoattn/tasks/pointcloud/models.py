@@ -62,6 +62,11 @@ class PointRotorConfig(RotorTransformerConfig):
             planes through z and translations (the symmetry of the z/z protocol, whose clouds keep
             their heights), not under SO(3). For data with a known up direction; its z/SO(3) number
             shows what that costs when the direction is lost.
+        heights: with ``up``, also read each point's invariants under the up model's symmetry as scalars:
+            its height above the cloud's centre and its distance from the vertical axis through it
+            (with neighbours also the vertical component of its neighbours' mean offset, with normals
+            that of its normal), where the network would otherwise have to build them from ``e_z`` in
+            its products; PointNet reads them from the raw coordinates.
         harmonics: with ``up``, also read each output channel's azimuthal harmonics about e_z: for the
             orders m = 1..``harmonics``, ``|mean_i û_i^m|²`` with ``û_i`` the unit horizontal direction of
             point i's vector as a complex number (:func:`azimuthal_power`; 0: none). Invariant under the
@@ -78,6 +83,7 @@ class PointRotorConfig(RotorTransformerConfig):
     normals: bool = False
     bending: bool = False
     up: bool = False
+    heights: bool = False
     harmonics: int = 0
     local: int = 0
     local_k: int = 10
@@ -88,13 +94,15 @@ class PointRotorConfig(RotorTransformerConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"PointRotorConfig.{name} must be an integer ≥ 0, got {value!r}")
-        for name in ("axes", "normals", "bending", "up"):
+        for name in ("axes", "normals", "bending", "up", "heights"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ConfigError(f"PointRotorConfig.{name} must be true or false, got {value!r}")
         for name in ("normals", "bending"):
             if getattr(self, name) and not self.neighbours:
                 raise ConfigError(f"PointRotorConfig.{name} needs neighbours > 0 (it comes from the kNN)")
+        if self.heights and not self.up:
+            raise ConfigError("PointRotorConfig.heights needs up = true (the heights are along e_z)")
         if self.harmonics and not self.up:
             raise ConfigError("PointRotorConfig.harmonics needs up = true (the harmonics are about e_z)")
         if self.local > self.n_layer:
@@ -158,9 +166,10 @@ def point_inputs(config: PointRotorConfig) -> tuple[int, int]:
     """The rotor model's input widths (vector channels, scalars): the centred point and its radius;
     with neighbours also its neighbours' mean offset, the offset's length and the 3 local extents; with
     axes 6 more scalars; with normals and with up one more vector channel each; with bending 3 more
-    scalars."""
+    scalars; with heights 2 more, and one more each with neighbours and with normals."""
     vectors, scalars = (2, 5) if config.neighbours else (1, 1)
-    return vectors + config.normals + config.up, scalars + 6 * config.axes + 3 * config.bending
+    heights = (2 + bool(config.neighbours) + config.normals) if config.heights else 0
+    return vectors + config.normals + config.up, scalars + 6 * config.axes + 3 * config.bending + heights
 
 
 class PointRotor(TaskModel):
@@ -217,6 +226,9 @@ class PointRotor(TaskModel):
             scalars += [distances, spread[:, None].expand_as(distances)]  # (B, P, 3) each
         if self.config.up:
             vectors.append(points.new_tensor([0.0, 0.0, 1.0]).expand_as(points))  # e_z at every point
+        if self.config.heights:  # ⟨v, e_z⟩ of the vector inputs, and the distance from the z axis
+            scalars += [points[..., 2:], points[..., :2].norm(dim=-1, keepdim=True)]
+            scalars += [v[..., 2:] for v in vectors[1:-1]]  # the offset and the normal (not x, not e_z)
         return self.algebra.vector(torch.stack(vectors, 2)), torch.cat(scalars, -1)
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
