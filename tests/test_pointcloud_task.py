@@ -177,3 +177,34 @@ def test_local_inputs_need_neighbours(name):
     task = PointCloudTask(PointCloudConfig(**SMALL))
     with pytest.raises(ConfigError, match=f"{name} needs neighbours"):
         task._build("rotor", SIZES, {name: True, "neighbours": 0})
+
+
+def test_the_rotor_recipe_has_block_gains_and_old_cells_pin_them_off():
+    """`--task pointcloud --model rotor` trains `pointcloud-layer-scale-invariant`'s chosen cell (block
+    gains from 0.1 at its validated 8e-3); an option set to "default" is taken out of the merged
+    options, so the cells of experiments from before the gains train the model without them (no
+    BranchScale) and keep their run directories; other options of the recipe stay."""
+    from geoattn.experiments import load_spec
+    from geoattn.recipes import build_config
+    from geoattn.training.trainer import run_model, run_task
+
+    config = build_config({"task": "pointcloud", "model": "rotor"})
+    cells = {c.name: c for c in load_spec("pointcloud-layer-scale-invariant").cells}
+    chosen = cells["rotor + layer scale 0.1"].fields
+    assert config.model_options["layer_scale"] == chosen["model_options"]["layer_scale"] == 0.1
+    assert config.lr == chosen["lr"] == 8e-3
+    off = {"model_options": {"layer_scale": "default"}}
+    pinned = build_config({"task": "pointcloud", "model": "rotor", **off})
+    assert pinned.model_options == {"head_types": ["frame"] * 4, "normals": True}
+
+    def gains(c) -> int:  # the BranchScale parameters of the built model
+        return sum("_scale." in name for name, _ in run_model(run_task(c), c).named_parameters())
+
+    small = {"n_layer": 1, "n_embd": 32, "task_options": SMALL}
+    assert gains(build_config({"task": "pointcloud", "model": "rotor", **small})) > 0
+    assert gains(build_config({"task": "pointcloud", "model": "rotor", **small, **off})) == 0
+    again = build_config(
+        {"task": "pointcloud", "model": "rotor", "model_options": {"layer_scale": "default"}},
+        {"model_options": {"layer_scale": 0.5}},
+    )
+    assert again.model_options["layer_scale"] == 0.5  # a later layer sets it again

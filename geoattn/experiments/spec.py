@@ -34,7 +34,11 @@ Example::
     metric = "val_loss_full"
 
 Cells' fields are TrainConfig fields (``model_options`` / ``task_options`` tables merge with the
-base's); each model's recipe (``Task.recipes``) sits below them, as on the command line.
+base's); each model's recipe (``Task.recipes``) sits below them, as on the command line. TOML has no
+null: a field set to ``"none"`` takes its own default (e.g. ``min_lr``), and an option set to
+``"default"`` is taken out of the merged table, so the model's own default applies instead of the
+recipe's (how the cells of an experiment keep the model they ran when a recipe gains an option: their
+run directories stay where they were).
 
 A *peer* cell runs another project's own code instead of ``geoattn train``: ``command`` (a list of
 arguments, run from the working directory) and ``max_iters`` (its budget in steps, for the report)::

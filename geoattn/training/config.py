@@ -291,15 +291,22 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     return flat
 
 
+# an option table's value that takes the option out: the model's or task's own default applies, not the
+# recipe's (TOML has no null; an experiment pins a setting from before a recipe gained the option)
+OWN_DEFAULT = "default"
+
+
 def merge(base: dict[str, Any], *layers: dict[str, Any]) -> TrainConfig:
-    """A TrainConfig from ``base`` (field values) updated by each layer in turn (option tables merge)."""
+    """A TrainConfig from ``base`` (field values) updated by each layer in turn (option tables merge; an
+    option set to ``"default"`` is dropped, so the model's or task's own default applies)."""
     values = dict(base)
     for layer in layers:
         for key, value in layer.items():
             if key not in FIELDS:
                 raise unknown_key_error(key, "config")
             if key in OPTION_TABLES:
-                values[key] = {**values.get(key, {}), **value}
+                merged = {**values.get(key, {}), **value}
+                values[key] = {k: v for k, v in merged.items() if v != OWN_DEFAULT}
             else:
                 values[key] = value
     return TrainConfig(**{k: coerce(k, v) for k, v in values.items()})
