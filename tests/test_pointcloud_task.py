@@ -183,7 +183,7 @@ def test_the_rotor_recipe_has_block_gains_and_old_cells_pin_them_off():
     """`--task pointcloud --model rotor` trains `pointcloud-layer-scale-invariant`'s chosen cell (block
     gains from 0.1 at its validated 8e-3); an option set to "default" is taken out of the merged
     options, so the cells of experiments from before the gains train the model without them (no
-    BranchScale) and keep their run directories; other options of the recipe stay."""
+    BranchScale) with the options, hence the run directories, they had; a later layer sets it again."""
     from geoattn.experiments import load_spec
     from geoattn.recipes import build_config
     from geoattn.training.trainer import run_model, run_task
