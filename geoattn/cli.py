@@ -441,7 +441,7 @@ def _add_native(sub: argparse._SubParsersAction) -> None:
 def cmd_native_build(args: argparse.Namespace) -> int:
     """``geoattn native build``: build (or find) the kernels and print the report; 1 where they cannot
     be built (the compiler's error on stderr)."""
-    from geoattn.attention import native
+    from geoattn import native
 
     if not native.enabled():
         print(f"the native kernels are switched off ({native.NATIVE_ENV}=0): nothing built")

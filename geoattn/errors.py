@@ -26,7 +26,7 @@ class CheckpointError(UserError):
 
 
 class NativeBuildError(RuntimeError):
-    """The native CPU kernels (`geoattn.attention.native`) could not be built or loaded. The message
+    """The native CPU kernels (`geoattn.native`) could not be built or loaded. The message
     carries the compiler's output; ``reason`` is the one line of it that says what failed."""
 
     def __init__(self, message: str, reason: str | None = None):

@@ -16,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from geoattn import native
 from geoattn.algebra import CliffordAlgebra
 
 SIGNATURES = [(3, 0, 0), (2, 1, 0), (1, 3, 0), (3, 0, 1), (4, 0, 0), (0, 2, 0), (5, 0, 0), (2, 0, 2)]
@@ -511,9 +512,30 @@ def test_bad_input_raises_value_error():
         alg.reverse(torch.zeros(8, dtype=torch.long))
 
 
-def test_compiled_kernels_match_the_eager_form_values_and_gradients(monkeypatch):
-    """The large-batch path (compiled per-blade kernels with their own backward) against the eager
-    dense-table form."""
+@pytest.fixture(params=["native", "compiled"])
+def large_batch_kernel(request, monkeypatch) -> str:
+    """The kernel of the large eager batches: the native one (`geoattn.native`, where it can be built),
+    or, with it switched off, the compiled per-blade expression."""
+    from geoattn.algebra import kernels
+
+    monkeypatch.setattr(kernels, "_SHARED", {})  # fresh products: what ran is this test's
+    if request.param == "compiled":
+        monkeypatch.setattr(kernels, "native_products", lambda x: None)
+    elif native.cpu_kernels() is None:
+        pytest.skip("no C++ toolchain here: the native kernels cannot be built")
+    return request.param
+
+
+def kernels_that_ran(products, kernel: str) -> set[str]:
+    """The tables a `CompiledProducts` ran through ``kernel`` ("native" or "compiled")."""
+    if kernel == "native":
+        return set(products._native_entries)
+    return {key.removesuffix(" (blades first)") for key in products._compiled}
+
+
+def test_compiled_kernels_match_the_eager_form_values_and_gradients(monkeypatch, large_batch_kernel):
+    """The large-batch path (native or compiled per-blade kernels with their own backward) against the
+    eager dense-table form."""
     import geoattn.compile
 
     monkeypatch.setattr(geoattn.compile, "COMPILE_MIN_ELEMENTS", 1)
@@ -529,12 +551,12 @@ def test_compiled_kernels_match_the_eager_form_values_and_gradients(monkeypatch)
         outs.append((out.detach(), grad_a.detach(), grad_b.detach(), second))
     for x, y in zip(*outs):
         close(x, y.numpy())
-    assert {"geometric", "geometric.grad_a", "geometric.grad_b", "geometric.grad_a.grad_b"} <= set(
-        fast._products._compiled
-    )  # the compiled path really ran, second derivative included
+    ran = kernels_that_ran(fast._products, large_batch_kernel)
+    # the large-batch path really ran, second derivative included
+    assert {"geometric", "geometric.grad_a", "geometric.grad_b", "geometric.grad_a.grad_b"} <= ran
 
 
-def test_compiled_kernels_read_and_keep_a_blade_major_layout(monkeypatch):
+def test_compiled_kernels_read_and_keep_a_blade_major_layout(monkeypatch, large_batch_kernel):
     """Operands stored blade by blade (`blade_major`, also a channel slice of such a tensor) take the
     blades-first kernels: the same values and gradients as the eager form, and the result stored
     blade by blade too (what the layers after it read without a copy)."""
@@ -555,7 +577,10 @@ def test_compiled_kernels_read_and_keep_a_blade_major_layout(monkeypatch):
         outs.append((out.detach(), grad))
     for x, y in zip(*outs):
         close(x, y.numpy())
-    assert {"geometric (blades first)", "geometric.grad_a (blades first)"} <= set(fast._products._compiled)
+    assert {"geometric", "geometric.grad_a"} <= kernels_that_ran(fast._products, large_batch_kernel)
+    if large_batch_kernel == "compiled":
+        blades_first = {"geometric (blades first)", "geometric.grad_a (blades first)"}
+        assert blades_first <= set(fast._products._compiled)
 
 
 @torch._dynamo.config.patch(recompile_limit=1)  # (monkeypatch would delete the setting on undo)
@@ -571,6 +596,7 @@ def test_many_algebras_and_widths_in_one_process(monkeypatch):
 
     monkeypatch.setattr(kernels, "COMPILE_BACKEND", "eager")
     monkeypatch.setattr(kernels, "_SHARED", {})  # fresh kernels, compiled with the backend above
+    monkeypatch.setattr(kernels, "native_products", lambda x: None)  # the compiled kernels, not the native
     import geoattn.compile
 
     rows = geoattn.compile.COMPILE_MIN_ELEMENTS // 4  # every algebra here has at least 4 blades

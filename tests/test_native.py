@@ -1,5 +1,5 @@
 """The native CPU path of RT-Filter attention (`geoattn.attention.rt.native_cpu` around
-`geoattn.attention.native`): exact against the float64 reference (values and every gradient, every
+`geoattn.native`): exact against the float64 reference (values and every gradient, every
 switch of the layers), chosen by ``auto`` from static facts, compiled around as one operator, and
 optional (a failed build warns once and leaves the chunked path in charge)."""
 
@@ -10,8 +10,8 @@ import warnings
 import pytest
 import torch
 
+from geoattn import native
 from geoattn.algebra.rotation import rope_frequencies
-from geoattn.attention import native
 from geoattn.attention.rt import dispatch, native_cpu, params, rt_attention, rt_attention_qkv
 from geoattn.attention.rt.params import Call
 

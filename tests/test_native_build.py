@@ -1,4 +1,4 @@
-"""The native kernels' build as a user meets it (`geoattn.attention.native`, docs/native.md): the
+"""The native kernels' build as a user meets it (`geoattn.native`, docs/native.md): the
 ``geoattn native build`` command and its report, ``GEOATTN_NATIVE=require`` failing loudly with the
 compiler's message, the GCC check, the cache folder under ``XDG_CACHE_HOME``, one build per machine
 under the folder's lock, both build variants (``-march=native`` and the AVX2 ``x86-64-v3``) exact
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from geoattn import cli
+from geoattn import cli, native
 from geoattn.algebra.rotation import rope_frequencies
-from geoattn.attention import native, rt_attention
+from geoattn.attention import rt_attention
 from geoattn.bench import common
 
 F64, F32 = torch.float64, torch.float32
@@ -366,6 +366,43 @@ def test_each_build_in_float32_matches_its_float64_over_many_blocks(march, d, bu
         torch.testing.assert_close(f32.double() / scale, f64 / scale, rtol=0, atol=2e-5)
     for a, e in zip(results[march, F64], results[MARCHES[0], F64]):
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("signature", [(3, 0, 0), (3, 0, 1)], ids=["Cl3", "PGA"])
+@pytest.mark.parametrize("march", MARCHES)
+def test_each_build_runs_the_products_of_the_per_blade_form(march, signature):
+    """``bilinear_product`` (``products.h``) of each build against the generated per-blade Python for
+    the same table: the geometric product and its two gradient tables, rows (M, dim) and blade by
+    blade (dim, M) at a blade stride past M (a channel slice of the layers' stream), 150 rows (two
+    whole blocks of 64 and a part), float64 to rounding and float32 to its own."""
+    from geoattn.algebra import CliffordAlgebra
+
+    kernel = native.build(march).module
+    products = CliffordAlgebra(*signature)._products
+    g = torch.Generator().manual_seed(3)
+    rows, dim = 150, 2 ** sum(signature)
+    for table in ("geometric", "geometric.grad_a", "geometric.grad_b"):
+        entries = torch.tensor(products._entries(table), dtype=torch.int64).view(-1, 4)
+        a, b = (torch.randn(rows, dim, generator=g, dtype=F64) for _ in range(2))
+        expected = products.plain(table)(a, b)
+        for dtype in (F64, F32):
+            tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-5)
+            out = kernel.bilinear_product(a.to(dtype), b.to(dtype), entries, dim, False)
+            torch.testing.assert_close(out.double(), expected, **tol, msg=f"{table}, rows, {dtype}")
+            wide_a, wide_b = (torch.cat([x.T, x.T], 1).to(dtype) for x in (a, b))  # (dim, 2M)
+            out = kernel.bilinear_product(wide_a[:, :rows], wide_b[:, :rows], entries, dim, True)
+            assert out.shape == (dim, rows)
+            torch.testing.assert_close(out.T.double(), expected, **tol, msg=f"{table}, blades first, {dtype}")
+
+
+def test_the_products_kernel_refuses_a_table_outside_its_operands():
+    """An entry naming blade 8 of 8-blade operands is an error, not a read past the rows."""
+    kernel = native.cpu_kernels()
+    a = torch.randn(10, 8)
+    with pytest.raises(RuntimeError, match="entry 1 names a blade outside the operands' widths"):
+        kernel.bilinear_product(a, a, torch.tensor([[0, 0, 0, 1], [8, 0, 0, 1]]), 8, False)
+    with pytest.raises(RuntimeError, match="a and b differ in rows"):
+        kernel.bilinear_product(a, a[:5], torch.tensor([[0, 0, 0, 1]]), 8, False)
 
 
 @pytest.mark.parametrize("march", MARCHES)

@@ -149,15 +149,21 @@ def test_grade_path_product_starts_at_the_geometric_product_and_weighs_each_path
         GeometricMLP(ga, 4, gate="relu")
 
 
+@pytest.mark.parametrize("kernel", ["native", "compiled"])
 @pytest.mark.parametrize("ga", ALGEBRAS, ids=ids)
-def test_grade_path_product_compiled_kernels_match_the_dense_table(ga, monkeypatch):
+def test_grade_path_product_compiled_kernels_match_the_dense_table(ga, kernel, monkeypatch):
     """A batch past `worth_compiling` runs the per-blade kernels into (path, blade) slots (a product
-    whose output is wider than its inputs, with its gradient kernels): the same values and gradients
-    (inputs and path weights) as the dense table the small batches take, float64."""
+    whose output is wider than its inputs, with its gradient kernels), natively or compiled: the same
+    values and gradients (inputs and path weights) as the dense table the small batches take, float64."""
+    from geoattn import native
     from geoattn.algebra import kernels
 
     monkeypatch.setattr(kernels, "COMPILE_BACKEND", "eager")
     monkeypatch.setattr(kernels, "_SHARED", {})  # fresh kernels, compiled with the backend above
+    if kernel == "compiled":
+        monkeypatch.setattr(kernels, "native_products", lambda x: None)
+    elif native.cpu_kernels() is None:
+        pytest.skip("no C++ toolchain here: the native kernels cannot be built")
     product = GradePathProduct(ga, 2).double()
     with torch.no_grad():
         product.weight.normal_()
@@ -171,7 +177,8 @@ def test_grade_path_product_compiled_kernels_match_the_dense_table(ga, monkeypat
         results.append((out, *torch.autograd.grad(out.square().sum(), (a_, b_, product.weight))))
     for x, y in zip(*results):
         torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)
-    assert set(product._products._compiled) == {"paths", "paths.grad_a", "paths.grad_b"}
+    ran = product._products._native_entries if kernel == "native" else product._products._compiled
+    assert set(ran) == {"paths", "paths.grad_a", "paths.grad_b"}
 
 
 @pytest.mark.parametrize("ga", ALGEBRAS, ids=ids)

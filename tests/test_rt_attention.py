@@ -15,8 +15,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import geoattn
+from geoattn import native
 from geoattn.algebra.rotation import rope_frequencies
-from geoattn.attention import native
 from geoattn.attention.rt import chunked, dispatch, rt_attention, rt_attention_qkv
 from geoattn.attention.rt.params import FAR, Call
 

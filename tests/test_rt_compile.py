@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
+from geoattn import native
 from geoattn.algebra.rotation import rope_frequencies, rotate_pairs
-from geoattn.attention import native
 from geoattn.attention.rt import chunked, rt_attention
 from geoattn.layers.rt_block import RTBlock
 from geoattn.models.lm import LMConfig, build_lm

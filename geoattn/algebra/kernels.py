@@ -15,16 +15,22 @@ Three forms of the same sparse product ``c_k = Σ sign · a_i · b_j`` over the 
   bench algebra` against kingdon). Written component-major (``(dim, M)``) instead, the compiled
   kernel wrote the blades as rows and transposed them in a second pass over the output, the slower
   form. Inside a caller's ``torch.compile`` it is traced as-is into the caller's graph.
+* the native kernel (``geoattn.native``, ``products.h``): the same sparse table read at run time, in
+  blocks of rows, either memory order. Where it is built it takes the large eager batches on the CPU
+  in place of the compiled expression: as fast (`geoattn bench algebra`), without torch.compile's
+  tracing on first use (seconds per kernel: most of a short point-cloud run's first step).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 import torch
 from torch import Tensor
 
+from geoattn import native
 from geoattn.algebra.layout import is_blade_major
 
 Entries = Sequence[tuple[int, int, int, int]]  # (i, j, k, sign): e_i ∘ e_j = sign · e_k
@@ -35,6 +41,8 @@ Entries = Sequence[tuple[int, int, int, int]]  # (i, j, k, sign): e_i ∘ e_j = 
 COMPILE_MAX_DIM = 16
 # Algebras up to this many blades take the dense-table product in eager mode (module docstring)
 DENSE_MAX_DIM = 8
+# Dtypes of the native kernel (`CompiledProducts.run_native`)
+NATIVE_DTYPES = (torch.float32, torch.float64)
 # torch.compile backend of the large-batch kernels (tests use "eager": dynamo's tracing and caching
 # without code generation)
 COMPILE_BACKEND = "inductor"
@@ -121,7 +129,8 @@ def gradient_tables(entries: Entries) -> tuple[Entries, Entries]:
 
 
 class CompiledProducts:
-    """Per-blade products of one signature, plain and under ``torch.compile``, built on first use.
+    """Per-blade products of one signature: plain, under ``torch.compile`` (built on first use), and
+    through the native kernel where it is built.
 
     Besides the named ``tables``, ``name + ".grad_a"`` / ``".grad_b"`` (recursively) are the
     gradient tables of ``name``, so the compiled path's backward is two more compiled per-blade
@@ -142,6 +151,7 @@ class CompiledProducts:
         self._dim, self._tag = dim, tag
         self._plain: dict[str, Callable] = {}
         self._compiled: dict[str, Callable | None] = {}
+        self._native_entries: dict[str, Tensor] = {}  # the tables as (E, 4) int64 rows (i, j, k, sign)
         self.compile_failed = False
         if dim <= COMPILE_MAX_DIM:  # eagerly: torch.compile cannot trace the code generation
             for name in tables:
@@ -182,7 +192,11 @@ class CompiledProducts:
         return self._compiled[key]
 
     def run(self, table: str, a: Tensor, b: Tensor, blades_first: bool = False) -> Tensor:
-        """``a ∘ b`` through the compiled kernel where it is available, else the plain per-blade one."""
+        """``a ∘ b`` through the native kernel where it is built (float32 and float64 on the CPU), else
+        the compiled one where it is available, else the plain per-blade one."""
+        module = native_products(a)
+        if module is not None:
+            return self.run_native(module, table, a, b, blades_first)
         kernel = self.compiled(table, blades_first)
         if kernel is not None:
             try:
@@ -192,6 +206,21 @@ class CompiledProducts:
             except torch._dynamo.exc.FailOnRecompileLimitHit as err:
                 self.give_up(table, err, blades_first)
         return self.plain(table, blades_first)(a, b)
+
+    def run_native(
+        self, module: ModuleType, table: str, a: Tensor, b: Tensor, blades_first: bool = False
+    ) -> Tensor:
+        """``a ∘ b`` through ``module.bilinear_product`` (``geoattn.native``, ``products.h``): the same
+        operands as :meth:`run` (contiguous ``(M, dim)`` rows, or ``(dim, ...)`` blade by blade)."""
+        if table not in self._native_entries:
+            self._native_entries[table] = torch.tensor(self._entries(table), dtype=torch.int64).view(-1, 4)
+        entries, out_dim = self._native_entries[table], self.widths(table)[2]
+        if not blades_first:
+            return module.bilinear_product(a, b, entries, out_dim, False)
+        # (dim, M): each blade's rows contiguous (a channel slice of the blade-major stream is copied)
+        flat_a, flat_b = (x.reshape(x.shape[0], -1) for x in (a, b))
+        flat_a, flat_b = (x if x.stride(1) == 1 else x.contiguous() for x in (flat_a, flat_b))
+        return module.bilinear_product(flat_a, flat_b, entries, out_dim, True).view(out_dim, *a.shape[1:])
 
     def disable(self, err: Exception) -> None:
         """No compiler here (e.g. no C++ toolchain): every product of this signature stays eager."""
@@ -203,6 +232,14 @@ class CompiledProducts:
         devices): that product stays eager from now on, the others keep their kernels."""
         warnings.warn(f"{table} of {self._tag} stays eager: {type(err).__name__}", stacklevel=4)
         self._compiled[_key(table, blades_first)] = None
+
+
+def native_products(x: Tensor) -> ModuleType | None:
+    """The native module (``geoattn.native``) that runs the products of operands like ``x``: float32
+    and float64 on the CPU, where the module is built (and not switched off); else None."""
+    if x.device.type != "cpu" or x.dtype not in NATIVE_DTYPES:
+        return None
+    return native.cpu_kernels()
 
 
 def _key(table: str, blades_first: bool) -> str:
@@ -222,7 +259,8 @@ def products_for(
 
 
 class CompiledBilinear(torch.autograd.Function):
-    """``a ∘ b`` through the compiled kernel; its backward calls the compiled gradient kernels.
+    """``a ∘ b`` through the native or compiled kernel (:meth:`CompiledProducts.run`); its backward
+    calls the gradient kernels the same way.
 
     (Letting torch.compile differentiate the fused kernel instead is several times slower forward +
     backward.) The backward goes through this Function again, so higher derivatives work too.

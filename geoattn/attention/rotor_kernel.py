@@ -101,9 +101,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from geoattn import native
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.named import shared_algebra
-from geoattn.attention import native
 from geoattn.attention.dtypes import outside_autocast
 from geoattn.attention.rotor_heads import HEADS, HeadType, check_head_types, register_head_type
 from geoattn.compile import constant_result, own_code, worth_compiling
@@ -1099,7 +1099,7 @@ def _frame_transform(frames: Tensor, m: Tensor, T0: Tensor, T: Tensor, vec: slic
     """``m`` moved by each token's frame rotor: the frame from the vector parts (``vec``) of channels
     0 and 1 of ``frames (B, H, N, C, 8)``, m ``(B, H, N, Cv, 8)``, T0 and T (out of the frame) or Tt
     (into it) from :func:`_rotation_action_table` → ``(B, H, N, Cv, 8)``. On the CPU, the native kernel
-    (`geoattn.attention.native`: one pass over the tokens, forward and backward) where it is built."""
+    (`geoattn.native`: one pass over the tokens, forward and backward) where it is built."""
     if m.device.type == "cpu" and m.dtype in (torch.float32, torch.float64) and native.available():
         flat = torch.ops.geoattn.frame_transform(frames.flatten(0, 2), m.flatten(0, 2), T0, T, vec.start)
         return flat.view(m.shape)

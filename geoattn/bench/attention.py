@@ -4,7 +4,7 @@ Causal, B = 1, float32, for each N: plain causal ``scaled_dot_product_attention`
 shapes (the peer), `rt_attention` on each of its structures (``separable``: σ_t² = 0; ``tied``:
 σ_t² = 2 μ_r η_t²; ``general``: free process noise, whose four parameters also receive gradients, as
 in training) and the N×N reference where it fits. With the default times on the CPU every structure
-runs the native kernel (`geoattn.attention.native`); with ``GEOATTN_NATIVE=0`` (or where it cannot be
+runs the native kernel (`geoattn.native`); with ``GEOATTN_NATIVE=0`` (or where it cannot be
 built) the chunked path, on CUDA FlexAttention (`geoattn.attention.rt.dispatch`). The header says which.
 
 Keys are drawn as a trained model's are spread: each key is a Gaussian vector scaled by a factor
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from geoattn import native
 from geoattn.algebra.rotation import rope_frequencies
-from geoattn.attention import native
 from geoattn.attention.rt import rt_attention
 from geoattn.bench.common import (
     CLOCKS,

@@ -31,9 +31,9 @@ def machine_header() -> str:
         cpu: AMD EPYC 9654 (AVX-512; torch's kernels: AVX512); blas: MKL 2024.2
         native kernels: -march=native (znver4), 16 float32 lanes (AVX-512)
 
-    Builds the native kernels where they are enabled and not built yet (`geoattn.attention.native`),
+    Builds the native kernels where they are enabled and not built yet (`geoattn.native`),
     so that no benchmark compiles them while it measures."""
-    from geoattn.attention import native
+    from geoattn import native
 
     if native.enabled():
         native.cpu_kernels()

@@ -1,4 +1,4 @@
-"""The native CPU path: the fused C++ kernel (`geoattn.attention.native`, ``rt_qkv.h``) takes the
+"""The native CPU path: the fused C++ kernel (`geoattn.native`, ``rt_qkv.h``) takes the
 stacked projections and the filter parameters as they are; the normalisation, key magnitudes,
 ``log c`` table over the integer lags, the flash-style attention (forward and recomputing backward)
 and both rotations run inside it. It needs the default times (``|Δt_ij|`` an integer lag), a fixed
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from geoattn.attention import native
+from geoattn import native
 from geoattn.attention.rt.params import FAR, Call, turns
 
 # Query block and key chunk of the kernel: no other shape tried (128 × 256, 64 × 128, 32 × 512) was

@@ -4,6 +4,7 @@
 // calling thread flushes now; the kernels set their own mode and restore the caller's).
 
 #include "frame.h"
+#include "products.h"
 #include "rt_lag.h"
 #include "rt_qkv.h"
 
@@ -14,6 +15,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rt_qkv_backward", &rt_qkv_backward, "RT-Filter attention from the fused projection, backward");
   m.def("frame_forward", &frame_forward, "the frame head's per-token transform, forward");
   m.def("frame_backward", &frame_backward, "the frame head's per-token transform, backward");
+  m.def("bilinear_product", &bilinear_product, "a sparse bilinear product of multivectors (a Cayley table)");
   m.attr("lanes") = kLanes;
   m.attr("isa") = kIsa;
   m.def("flushes_subnormals", &FlushSubnormals::active, "whether the calling thread flushes subnormals");

@@ -11,6 +11,9 @@
   scratch the attention then reads from cache) and their gradients as soon as its backward is done.
 * ``frame_forward`` / ``frame_backward`` (``frame.h``): the rotor frame head's per-token transform
   (Gram–Schmidt frame, its rotation's action on Cl(3), applied to every channel) in one pass.
+* ``bilinear_product`` (``products.h``): a sparse bilinear product of multivectors from its Cayley
+  table given at run time (``geoattn.algebra.kernels``: the large eager batches of the geometric
+  product and its gradients, in either memory order).
 * ``lanes``, ``isa``: the float32s per SIMD vector and the vector instructions of the build's target
   (16 / AVX-512, 8 / AVX2, 4 / NEON, SSE2 or plain C++); ``flushes_subnormals()``: whether the calling
   thread flushes subnormals (the kernels set that mode in their own parallel regions and restore it).
