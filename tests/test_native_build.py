@@ -373,8 +373,9 @@ def test_each_build_in_float32_matches_its_float64_over_many_blocks(march, d, bu
 def test_each_build_runs_the_products_of_the_per_blade_form(march, signature):
     """``bilinear_product`` (``products.h``) of each build against the generated per-blade Python for
     the same table: the geometric product and its two gradient tables, rows (M, dim) and blade by
-    blade (dim, M) at a blade stride past M (a channel slice of the layers' stream), 150 rows (two
-    whole blocks of 64 and a part), float64 to rounding and float32 to its own."""
+    blade (dim, 1, M) at a blade stride past M, and in runs of 15 rows 30 apart (a channel slice of the
+    layers' stream), 150 rows (two whole blocks of 64 and a part), float64 to rounding and float32 to
+    its own."""
     from geoattn.algebra import CliffordAlgebra
 
     kernel = native.build(march).module
@@ -390,9 +391,15 @@ def test_each_build_runs_the_products_of_the_per_blade_form(march, signature):
             out = kernel.bilinear_product(a.to(dtype), b.to(dtype), entries, dim, False)
             torch.testing.assert_close(out.double(), expected, **tol, msg=f"{table}, rows, {dtype}")
             wide_a, wide_b = (torch.cat([x.T, x.T], 1).to(dtype) for x in (a, b))  # (dim, 2M)
-            out = kernel.bilinear_product(wide_a[:, :rows], wide_b[:, :rows], entries, dim, True)
+            out = kernel.bilinear_product(wide_a[:, None, :rows], wide_b[:, None, :rows], entries, dim, True)
             assert out.shape == (dim, rows)
             torch.testing.assert_close(out.T.double(), expected, **tol, msg=f"{table}, blades first, {dtype}")
+            # runs of 15 rows, 30 apart (blocks of 64 end inside runs): a channel slice of a wider stream
+            runs_a, runs_b = (x.view(dim, 10, 30)[:, :, :15] for x in (wide_a, wide_b))
+            out = kernel.bilinear_product(runs_a, runs_b, entries, dim, True)
+            row_a, row_b = (x.permute(1, 2, 0).reshape(rows, dim).double() for x in (runs_a, runs_b))
+            expected_runs = products.plain(table)(row_a, row_b)
+            torch.testing.assert_close(out.T.double(), expected_runs, **tol, msg=f"{table}, runs, {dtype}")
 
 
 def test_the_products_kernel_refuses_a_table_outside_its_operands():

@@ -217,10 +217,8 @@ class CompiledProducts:
         entries, out_dim = self._native_entries[table], self.widths(table)[2]
         if not blades_first:
             return module.bilinear_product(a, b, entries, out_dim, False)
-        # (dim, M): each blade's rows contiguous (a channel slice of the blade-major stream is copied)
-        flat_a, flat_b = (x.reshape(x.shape[0], -1) for x in (a, b))
-        flat_a, flat_b = (x if x.stride(1) == 1 else x.contiguous() for x in (flat_a, flat_b))
-        return module.bilinear_product(flat_a, flat_b, entries, out_dim, True).view(out_dim, *a.shape[1:])
+        out = module.bilinear_product(_blade_runs(a), _blade_runs(b), entries, out_dim, True)
+        return out.view(out_dim, *a.shape[1:])
 
     def disable(self, err: Exception) -> None:
         """No compiler here (e.g. no C++ toolchain): every product of this signature stays eager."""
@@ -232,6 +230,21 @@ class CompiledProducts:
         devices): that product stays eager from now on, the others keep their kernels."""
         warnings.warn(f"{table} of {self._tag} stays eager: {type(err).__name__}", stacklevel=4)
         self._compiled[_key(table, blades_first)] = None
+
+
+def _blade_runs(x: Tensor) -> Tensor:
+    """``x (dim, ...)`` stored blade by blade as the native kernel reads it: ``(dim, G, inner)`` with
+    each run of ``inner`` rows contiguous, a view where one exists (the whole rows as one run, or a
+    channel slice of the blade-major stream as runs of its channels), else a contiguous copy."""
+    dim, rows = x.shape[0], x[0].numel()
+    for shape in ((dim, 1, rows), (dim, rows // max(x.shape[-1], 1), x.shape[-1])):
+        try:
+            runs = x.view(shape)
+        except RuntimeError:  # those dims do not merge without a copy
+            continue
+        if runs.stride(2) == 1:
+            return runs
+    return x.contiguous().view(dim, 1, rows)
 
 
 def native_products(x: Tensor) -> ModuleType | None:
