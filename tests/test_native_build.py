@@ -368,38 +368,51 @@ def test_each_build_in_float32_matches_its_float64_over_many_blocks(march, d, bu
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("signature", [(3, 0, 0), (3, 0, 1)], ids=["Cl3", "PGA"])
+@pytest.mark.parametrize("signature", [(3, 0, 0), (3, 0, 1), (2, 0, 1)], ids=["Cl3", "PGA", "Cl201"])
 @pytest.mark.parametrize("march", MARCHES)
 def test_each_build_runs_the_products_of_the_per_blade_form(march, signature):
     """``bilinear_product`` (``products.h``) of each build against the generated per-blade Python for
-    the same table: the geometric product and its two gradient tables, rows (M, dim) and blade by
-    blade (dim, 1, M) at a blade stride past M, and in runs of 15 rows 30 apart (a channel slice of the
-    layers' stream), 150 rows (two whole blocks of 64 and a part), float64 to rounding and float32 to
-    its own."""
+    the same table, float64 to rounding and float32 to its own. Tables: the geometric product and its
+    gradients (Cl(3) and PGA: the build's constant tables; Cl(2,0,1): the signs read at run time) and
+    the outer product (read at run time); a grade-path table of more outputs than blades (the general
+    form) is in test_rotor_layers. Layouts: rows (M, dim); blade by blade (dim, 1, M) at a blade
+    stride past M; in runs of 15 rows 30 apart (blocks end inside runs: copied) and of 32 rows 48 apart
+    (whole chunks: read in place), as channel slices of the layers' stream; 150–160 rows, so the last
+    block is a part."""
     from geoattn.algebra import CliffordAlgebra
 
     kernel = native.build(march).module
     products = CliffordAlgebra(*signature)._products
     g = torch.Generator().manual_seed(3)
-    rows, dim = 150, 2 ** sum(signature)
-    for table in ("geometric", "geometric.grad_a", "geometric.grad_b"):
+    dim = 2 ** sum(signature)
+    for table in ("geometric", "geometric.grad_a", "geometric.grad_b", "outer"):
         entries = torch.tensor(products._entries(table), dtype=torch.int64).view(-1, 4)
-        a, b = (torch.randn(rows, dim, generator=g, dtype=F64) for _ in range(2))
-        expected = products.plain(table)(a, b)
         for dtype in (F64, F32):
             tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-5)
+            a, b = (torch.randn(150, dim, generator=g, dtype=F64) for _ in range(2))
+            expected = products.plain(table)(a, b)
             out = kernel.bilinear_product(a.to(dtype), b.to(dtype), entries, dim, False)
             torch.testing.assert_close(out.double(), expected, **tol, msg=f"{table}, rows, {dtype}")
-            wide_a, wide_b = (torch.cat([x.T, x.T], 1).to(dtype) for x in (a, b))  # (dim, 2M)
-            out = kernel.bilinear_product(wide_a[:, None, :rows], wide_b[:, None, :rows], entries, dim, True)
-            assert out.shape == (dim, rows)
+            wide_a, wide_b = (torch.cat([x.T, x.T], 1).to(dtype) for x in (a, b))  # (dim, 300)
+            out = kernel.bilinear_product(wide_a[:, None, :150], wide_b[:, None, :150], entries, dim, True)
+            assert out.shape == (dim, 150)
             torch.testing.assert_close(out.T.double(), expected, **tol, msg=f"{table}, blades first, {dtype}")
-            # runs of 15 rows, 30 apart (blocks of 64 end inside runs): a channel slice of a wider stream
-            runs_a, runs_b = (x.view(dim, 10, 30)[:, :, :15] for x in (wide_a, wide_b))
-            out = kernel.bilinear_product(runs_a, runs_b, entries, dim, True)
-            row_a, row_b = (x.permute(1, 2, 0).reshape(rows, dim).double() for x in (runs_a, runs_b))
-            expected_runs = products.plain(table)(row_a, row_b)
-            torch.testing.assert_close(out.T.double(), expected_runs, **tol, msg=f"{table}, runs, {dtype}")
+            for groups, run, apart in ((10, 15, 30), (5, 32, 48)):
+                wide = (torch.randn(dim, groups, apart, generator=g, dtype=F64) for _ in range(2))
+                runs_a, runs_b = (x.to(dtype)[:, :, :run] for x in wide)
+                out = kernel.bilinear_product(runs_a, runs_b, entries, dim, True)
+                rows_a, rows_b = (x.permute(1, 2, 0).reshape(-1, dim).double() for x in (runs_a, runs_b))
+                expected = products.plain(table)(rows_a, rows_b)
+                torch.testing.assert_close(out.T.double(), expected, **tol, msg=f"{table}, runs of {run}")
+
+
+def test_the_constant_tables_are_the_algebras():
+    """``products_tables.h`` is what `native_tables_source` writes from the algebra's tables now (after
+    a change to the tables or the signatures, rewrite it with that function)."""
+    from geoattn.algebra import kernels
+
+    header = Path(native.__file__).parent / kernels.NATIVE_TABLES_HEADER
+    assert header.read_text() == kernels.native_tables_source()
 
 
 def test_the_products_kernel_refuses_a_table_outside_its_operands():

@@ -15,8 +15,12 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "products_tables.h"
+
 #include <algorithm>
+#include <utility>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace products {
@@ -55,7 +59,10 @@ inline void load(const Strided<const T>& x, int64_t m0, int64_t n, T* __restrict
     for (int64_t r = 0, m = m0; r < n;) {  // run by run of contiguous rows
       const int64_t rem = m % x.inner, run = std::min(n - r, x.inner - rem);
       const T* src = x.data + (m / x.inner) * x.outer + rem * x.row + i * x.blade;
-      for (int64_t t = 0; t < run; ++t) dst[r + t] = src[t * x.row];
+      if (x.row == 1)
+        std::copy(src, src + run, dst + r);
+      else
+        for (int64_t t = 0; t < run; ++t) dst[r + t] = src[t * x.row];
       r += run, m += run;
     }
     std::fill(dst + n, dst + kRows, T(0));  // the last block's padding rows
@@ -69,34 +76,221 @@ inline void store(const T* __restrict in, int64_t m0, int64_t n, const Strided<T
   for (int64_t i = 0; i < x.width; ++i) {
     const T* src = in + i * kRows;
     T* dst = x.data + m0 * x.row + i * x.blade;
-    for (int64_t r = 0; r < n; ++r) dst[r * x.row] = src[r];
+    if (x.row == 1)
+      std::copy(src, src + n, dst);
+    else
+      for (int64_t r = 0; r < n; ++r) dst[r * x.row] = src[r];
   }
+}
+
+constexpr int64_t kChunk = 16;  // rows per accumulator: one AVX-512 register of float32s
+
+// kChunk rows as one GCC vector (lowered to the target's registers: one or two per chunk of float32s)
+// (per type: GCC ignores vector_size on a dependent alias)
+template <typename T>
+struct Chunk;
+template <>
+struct Chunk<float> {
+  typedef float type __attribute__((vector_size(kChunk * sizeof(float))));
+};
+template <>
+struct Chunk<double> {
+  typedef double type __attribute__((vector_size(kChunk * sizeof(double))));
+};
+
+template <typename V, typename T>
+inline V load_chunk(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+
+// The entries grouped by output blade: each output's terms summed in registers, one chunk of rows at
+// a time, and written once.
+template <typename T>
+struct Terms {
+  std::vector<int64_t> a, b, start;  // per term its blades' offsets in the block; per output its terms
+  std::vector<T> sign;
+
+  Terms(const int64_t* entries, int64_t n, int64_t outputs) : start(outputs + 1, 0) {
+    for (int64_t e = 0; e < n; ++e) ++start[entries[4 * e + 2] + 1];
+    for (int64_t k = 0; k < outputs; ++k) start[k + 1] += start[k];
+    a.resize(n), b.resize(n), sign.resize(n);
+    std::vector<int64_t> next(start.begin(), start.end() - 1);
+    for (int64_t e = 0; e < n; ++e) {
+      const int64_t t = next[entries[4 * e + 2]]++;
+      a[t] = entries[4 * e] * kRows, b[t] = entries[4 * e + 1] * kRows, sign[t] = T(entries[4 * e + 3]);
+    }
+  }
+};
+
+// In the Clifford products (geometric, outer, contractions) and their gradients each output blade k
+// takes blade i of a at most once, with the partner blade of b whose bit set is i's xor k's. In the
+// algebra's blade order (by grade, then lexicographic: geoattn.algebra) for 8 and 16 blades those
+// partners are constants here, so a's and b's chunks stay in registers and each term is a multiply
+// and a multiply-add by its sign (the metric's and the product's, given at run time; 0 where absent).
+template <int W>
+struct Blades;
+template <>
+struct Blades<8> {  // 1, e1, e2, e3, e12, e13, e23, e123
+  static constexpr int mask[8] = {0, 1, 2, 4, 3, 5, 6, 7};
+  static constexpr int index[8] = {0, 1, 2, 4, 3, 5, 6, 7};  // of a bit set
+};
+template <>
+struct Blades<16> {  // 1, e1..e4, e12, e13, e14, e23, e24, e34, e123, e124, e134, e234, e1234
+  static constexpr int mask[16] = {0, 1, 2, 4, 8, 3, 5, 9, 6, 10, 12, 7, 11, 13, 14, 15};
+  static constexpr int index[16] = {0, 1, 2, 5, 3, 6, 8, 11, 4, 7, 9, 12, 10, 13, 14, 15};
+};
+
+template <int W>
+constexpr int partner(int i, int k) {
+  return Blades<W>::index[Blades<W>::mask[i] ^ Blades<W>::mask[k]];
+}
+
+template <int W, typename T>
+inline void clifford_block(const T* __restrict la, const T* __restrict lb, T* __restrict lc,
+                           const T* __restrict sign) {
+  using V = typename Chunk<T>::type;
+  for (int64_t v = 0; v < kRows; v += kChunk) {
+    V a[W], b[W];
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) a[i] = load_chunk<V>(la + i * kRows + v), b[i] = load_chunk<V>(lb + i * kRows + v);
+#pragma GCC unroll 16
+    for (int k = 0; k < W; ++k) {
+      V acc = {};
+#pragma GCC unroll 16
+      for (int i = 0; i < W; ++i) acc += sign[i * W + k] * (a[i] * b[partner<W>(i, k)]);
+      std::memcpy(lc + k * kRows + v, &acc, sizeof(V));
+    }
+  }
+}
+
+// The same with the signs of a table the build carries (products_tables.h: Cl(3)'s and PGA's
+// geometric products and their gradients) as constants: the compiler folds them into adds and
+// subtracts and drops the absent terms.
+// Its operands' and result's blades are pointers to kRows numbers each: into the block's buffer, or
+// straight into the tensors where the block's rows lie contiguous there.
+template <int W, int Id, typename T>
+inline void fixed_block(const T* const* pa, const T* const* pb, T* const* pc, int64_t span) {
+  using V = typename Chunk<T>::type;
+  constexpr const signed char* sign = FixedTables<W>::sign[Id];
+  for (int64_t v = 0; v < span; v += kChunk) {
+    V a[W], b[W];
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) a[i] = load_chunk<V>(pa[i] + v), b[i] = load_chunk<V>(pb[i] + v);
+#pragma GCC unroll 16
+    for (int k = 0; k < W; ++k) {
+      V acc = {};
+#pragma GCC unroll 16
+      for (int i = 0; i < W; ++i) {
+        if (sign[i * W + k] > 0) acc += a[i] * b[partner<W>(i, k)];
+        if (sign[i * W + k] < 0) acc -= a[i] * b[partner<W>(i, k)];
+      }
+      std::memcpy(pc[k] + v, &acc, sizeof(V));
+    }
+  }
+}
+
+// The block kernel of one carried table (Id), chosen at run time.
+template <int W, typename T, int... Id>
+inline void fixed_dispatch(int id, const T* const* pa, const T* const* pb, T* const* pc, int64_t span,
+                           std::integer_sequence<int, Id...>) {
+  ((id == Id ? fixed_block<W, Id>(pa, pb, pc, span) : void()), ...);
+}
+
+// Pointers to a block's rows of each blade (`span` of them, n real): into x where they lie contiguous
+// there (a whole block inside one run), else into `buffer` after copying them there. Whether they
+// are x's.
+template <typename T, typename S>
+inline bool blade_rows(const Strided<S>& x, int64_t m0, int64_t n, int64_t span, T* buffer, S** out, bool copy) {
+  const int64_t rem = m0 % x.inner;
+  if (x.row == 1 && n == span && rem + span <= x.inner) {
+    for (int64_t i = 0; i < x.width; ++i) out[i] = x.data + (m0 / x.inner) * x.outer + rem + i * x.blade;
+    return true;
+  }
+  if (copy) load(Strided<const T>{x.data, x.width, x.row, x.blade, x.inner, x.outer}, m0, n, buffer);
+  for (int64_t i = 0; i < x.width; ++i) out[i] = buffer + i * kRows;
+  return false;
+}
+
+// Which carried table has these signs, or -1.
+template <int W, typename T>
+int fixed_table(const std::vector<T>& signs) {
+  if (signs.size() != static_cast<size_t>(W * W)) return -1;
+  for (int id = 0; id < FixedTables<W>::count; ++id)
+    if (std::equal(signs.begin(), signs.end(), FixedTables<W>::sign[id],
+                   [](T s, signed char f) { return s == T(f); }))
+      return id;
+  return -1;
+}
+
+// The dense signs (W × W, [i][k]) of a table of that form; empty where the widths differ or are not 8
+// or 16, or an entry pairs other blades or repeats a pair.
+template <typename T>
+std::vector<T> clifford_signs(const int64_t* entries, int64_t n, int64_t wa, int64_t wb, int64_t wc) {
+  const int64_t w = wc;
+  if (wa != w || wb != w || (w != 8 && w != 16)) return {};
+  std::vector<T> sign(w * w, T(0));
+  std::vector<bool> seen(w * w, false);
+  for (int64_t e = 0; e < n; ++e) {
+    const int64_t i = entries[4 * e], j = entries[4 * e + 1], k = entries[4 * e + 2];
+    const int64_t expected = w == 8 ? partner<8>(i, k) : partner<16>(i, k);
+    if (j != expected || seen[i * w + k]) return {};
+    seen[i * w + k] = true;
+    sign[i * w + k] = T(entries[4 * e + 3]);
+  }
+  return sign;
 }
 
 template <typename T>
 void run(const Strided<const T>& a, const Strided<const T>& b, const Strided<T>& c, int64_t rows,
          const int64_t* entries, int64_t n_entries) {
-  std::vector<T> sign(n_entries);
-  for (int64_t e = 0; e < n_entries; ++e) sign[e] = T(entries[4 * e + 3]);
-  const int64_t blocks = (rows + kRows - 1) / kRows;
-  at::parallel_for(0, blocks, kGrain, [&](int64_t lo, int64_t hi) {
+  const Terms<T> terms(entries, n_entries, c.width);
+  const std::vector<T> signs = clifford_signs<T>(entries, n_entries, a.width, b.width, c.width);
+  const int fixed8 = fixed_table<8>(signs), fixed16 = fixed_table<16>(signs);
+  // blocks of kRows rows, or of one run where both operands come in equal runs of whole chunks
+  const bool by_run = a.row == 1 && b.row == 1 && a.inner == b.inner && a.inner < kRows && a.inner % kChunk == 0;
+  const int64_t size = by_run ? a.inner : kRows, blocks = (rows + size - 1) / size;
+  at::parallel_for(0, blocks, kGrain * kRows / size, [&](int64_t lo, int64_t hi) {
     std::vector<T> buffer((a.width + b.width + c.width) * kRows);
     T* la = buffer.data();
     T* lb = la + a.width * kRows;
     T* lc = lb + b.width * kRows;
     for (int64_t block = lo; block < hi; ++block) {
-      const int64_t m0 = block * kRows, n = std::min(kRows, rows - m0);
+      const int64_t m0 = block * size, n = std::min(size, rows - m0);
+      if (fixed8 >= 0 || fixed16 >= 0) {
+        const T* pa[16];
+        const T* pb[16];
+        T* pc[16];
+        const int64_t span = (n + kChunk - 1) / kChunk * kChunk;
+        blade_rows(a, m0, n, span, la, pa, true);
+        blade_rows(b, m0, n, span, lb, pb, true);
+        const bool direct = blade_rows(c, m0, n, span, lc, pc, false);
+        if (fixed8 >= 0)
+          fixed_dispatch<8>(fixed8, pa, pb, pc, span, std::make_integer_sequence<int, FixedTables<8>::count>());
+        else
+          fixed_dispatch<16>(fixed16, pa, pb, pc, span, std::make_integer_sequence<int, FixedTables<16>::count>());
+        if (!direct) store(lc, m0, n, c);
+        continue;
+      }
       load(a, m0, n, la);
       load(b, m0, n, lb);
-      std::fill(lc, lc + c.width * kRows, T(0));
-      for (int64_t e = 0; e < n_entries; ++e) {
-        const T* __restrict x = la + entries[4 * e] * kRows;
-        const T* __restrict y = lb + entries[4 * e + 1] * kRows;
-        T* __restrict z = lc + entries[4 * e + 2] * kRows;
-        const T s = sign[e];
-#pragma omp simd
-        for (int64_t r = 0; r < kRows; ++r) z[r] += s * x[r] * y[r];
+      if (signs.size() == 64 || signs.size() == 256) {
+        if (signs.size() == 64)
+          clifford_block<8>(la, lb, lc, signs.data());
+        else
+          clifford_block<16>(la, lb, lc, signs.data());
+        store(lc, m0, n, c);
+        continue;
       }
+      for (int64_t k = 0; k < c.width; ++k)
+        for (int64_t v = 0; v < kRows; v += kChunk) {
+          using V = typename Chunk<T>::type;
+          V acc = {};
+          for (int64_t t = terms.start[k]; t < terms.start[k + 1]; ++t)
+            acc += terms.sign[t] * load_chunk<V>(la + terms.a[t] + v) * load_chunk<V>(lb + terms.b[t] + v);
+          std::memcpy(lc + k * kRows + v, &acc, sizeof(V));
+        }
       store(lc, m0, n, c);
     }
   });
