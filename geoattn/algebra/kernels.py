@@ -23,8 +23,9 @@ Three forms of the same sparse product ``c_k = Σ sign · a_i · b_j`` over the 
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 
 import torch
@@ -304,12 +305,26 @@ def _blade_runs(x: Tensor) -> Tensor:
     return x.contiguous().view(dim, 1, rows)
 
 
+_NATIVE_OFF: list[bool] = []  # `compiled_instead` nests
+
+
 def native_products(x: Tensor) -> ModuleType | None:
     """The native module (``geoattn.native``) that runs the products of operands like ``x``: float32
     and float64 on the CPU, where the module is built (and not switched off); else None."""
-    if x.device.type != "cpu" or x.dtype not in NATIVE_DTYPES:
+    if _NATIVE_OFF or x.device.type != "cpu" or x.dtype not in NATIVE_DTYPES:
         return None
     return native.cpu_kernels()
+
+
+@contextlib.contextmanager
+def compiled_instead() -> Iterator[None]:
+    """Within it the large batches take the compiled per-blade form even where the native kernel is
+    built (what `geoattn bench algebra` times beside it)."""
+    _NATIVE_OFF.append(True)
+    try:
+        yield
+    finally:
+        _NATIVE_OFF.pop()
 
 
 def _key(table: str, blades_first: bool) -> str:

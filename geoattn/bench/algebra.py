@@ -2,7 +2,8 @@
 
 One run, medians over ``--repeats`` interleaved rounds (each round times every implementation
 once, so changes in machine load hit all alike), ratios to geoattn. Each peer gets its
-fastest honest form: geoattn takes the batch-major ``(N, dim)`` tensors users hold; kingdon gets
+fastest honest form: geoattn takes the batch-major ``(N, dim)`` tensors users hold (through the native
+kernel where it is built; the row after it is the torch.compile'd form it replaces); kingdon gets
 component-major ``(dim, N)`` torch tensors prepared outside the timing (its code-generated product
 works blade by blade) and returns its list of blade rows; torch-ga's ``geom_prod`` and the dense
 einsum over the Cayley table take ``(N, dim)``. Forward+backward is ``out.backward(g)`` with one
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from geoattn.algebra import CliffordAlgebra
+from geoattn.algebra import CliffordAlgebra, kernels
 from geoattn.bench.common import median_time, ms
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
@@ -63,6 +64,23 @@ def _geoattn(alg: CliffordAlgebra, a: Tensor, b: Tensor, g: Tensor) -> Peer:
         forward_backward,
         lambda: (alg.geometric_product(a, b), forward_backward()),
     )
+
+
+def _geoattn_compiled(alg: CliffordAlgebra, a: Tensor, b: Tensor, g: Tensor) -> Peer:
+    """geoattn's products in the torch.compile'd form that the native kernel replaces where it is built."""
+    name = "geoattn, torch.compile (native off)"
+    if kernels.native_products(a) is None:
+        return Peer(name, missing="the row above (no native kernel)")
+    base = _geoattn(alg, a, b, g)
+
+    def compiled(fn: Callable[[], object]) -> Callable[[], object]:
+        def call():
+            with kernels.compiled_instead():
+                return fn()
+
+        return call
+
+    return Peer(name, compiled(base.forward), compiled(base.forward_backward), compiled(base.result))
 
 
 def _dense_einsum(alg: CliffordAlgebra, a: Tensor, b: Tensor, g: Tensor) -> Peer:
@@ -131,7 +149,7 @@ def _torch_ga(alg: CliffordAlgebra, a: Tensor, b: Tensor, g: Tensor) -> Peer:
     )
 
 
-PEERS = (_geoattn, _kingdon, _torch_ga, _dense_einsum)
+PEERS = (_geoattn, _geoattn_compiled, _kingdon, _torch_ga, _dense_einsum)
 
 
 def measure(sig: tuple[int, int, int], n: int, repeats: int, seed: int) -> tuple[list[list[object]], str]:
