@@ -523,6 +523,8 @@ def large_batch_kernel(request, monkeypatch) -> str:
         monkeypatch.setattr(kernels, "native_products", lambda x: None)
     elif native.cpu_kernels() is None:
         pytest.skip("no C++ toolchain here: the native kernels cannot be built")
+    else:
+        monkeypatch.setattr(kernels, "NATIVE_MIN_ROWS", 1)  # the tests' few rows take it too
     return request.param
 
 
@@ -554,6 +556,24 @@ def test_compiled_kernels_match_the_eager_form_values_and_gradients(monkeypatch,
     ran = kernels_that_ran(fast._products, large_batch_kernel)
     # the large-batch path really ran, second derivative included
     assert {"geometric", "geometric.grad_a", "geometric.grad_b", "geometric.grad_a.grad_b"} <= ran
+
+
+def test_the_native_kernel_takes_batches_from_its_minimum_rows(monkeypatch):
+    """Where the native kernel is built it takes a product from `NATIVE_MIN_ROWS` rows (broadcast
+    rows counted), with no compile threshold; fewer rows stay on the eager dense form. Same values."""
+    from geoattn.algebra import kernels
+
+    if native.cpu_kernels() is None:
+        pytest.skip("no C++ toolchain here: the native kernels cannot be built")
+    monkeypatch.setattr(kernels, "_SHARED", {})
+    fast, slow = CliffordAlgebra(3), CliffordAlgebra(3, compile=False)
+    rows = kernels.NATIVE_MIN_ROWS
+    a, b = rand(0, 1, 8), rand(1, rows - 1, 8)
+    close(fast.geometric_product(a, b), slow.geometric_product(a, b).numpy())
+    assert not fast._products._native_entries  # rows − 1: the dense form
+    b = rand(2, rows, 8)
+    close(fast.geometric_product(a, b), slow.geometric_product(a, b).numpy())
+    assert set(fast._products._native_entries) == {"geometric"}
 
 
 def test_compiled_kernels_read_and_keep_a_blade_major_layout(monkeypatch, large_batch_kernel):

@@ -15,7 +15,6 @@ from torch import Tensor
 
 from geoattn.algebra import kernels
 from geoattn.algebra.tables import build_tables
-from geoattn.compile import worth_compiling
 
 MAX_DIMENSION = 6
 
@@ -35,9 +34,11 @@ class CliffordAlgebra:
         grade_indices: ``grade_indices[k]`` = blade indices of grade k (contiguous: see ``grade_slice``).
         vector_indices, bivector_indices: ``grade_indices[1]``, ``grade_indices[2]``.
         cayley_sparse: the nonzero entries ``(i, j, k, sign)`` of ``e_i e_j = sign · e_k``.
-        compile: run large batches (rows · 4ⁿ passing `geoattn.compile.worth_compiling`, n ≤ 4) of the
-            bilinear products through ``torch.compile``d per-blade kernels (default True; False: eager). The
-            first large call per product compiles (seconds).
+        compile: run large batches of the bilinear products (n ≤ 4) through their kernels (default
+            True; False: eager): on the CPU the native one (``geoattn.native``) from
+            ``kernels.NATIVE_MIN_ROWS`` rows where it is built, else ``torch.compile``d per-blade
+            kernels for rows · 4ⁿ passing `geoattn.compile.worth_compiling`, whose first large call per
+            product compiles (seconds). See ``kernels.takes_kernel``.
 
     Tables for other modules (float64 CPU tensors, fresh copies; column convention ``M @ x``):
     ``blade_grades``, ``reverse_signs``, ``involution_signs``, ``invariant_metric``, ``cayley``,
@@ -239,18 +240,17 @@ class CliffordAlgebra:
         """The sparse bilinear product ``table``: ``(..., dim)`` × ``(..., dim)`` → ``(..., dim)``.
 
         Algebras with dim ≤ ``kernels.COMPILE_MAX_DIM``: inside a caller's ``torch.compile`` the
-        generated per-blade expression is traced into its graph; large eager batches run that
-        expression compiled. Small eager batches take ``kernels.dense_product`` (dim ≤
-        ``kernels.DENSE_MAX_DIM``) or ``kernels.gather_product``.
+        generated per-blade expression is traced into its graph; large eager batches
+        (``kernels.takes_kernel``) run the native kernel or that expression compiled. Small eager
+        batches take ``kernels.dense_product`` (dim ≤ ``kernels.DENSE_MAX_DIM``) or
+        ``kernels.gather_product``.
         """
         per_blade = self.dim <= kernels.COMPILE_MAX_DIM
         if torch.compiler.is_compiling():
             if per_blade:
                 return self._products.plain(table)(a, b)
-        elif per_blade and self.compile and not self._products.compile_failed:
-            # counted as the eager forms' (rows, dim, dim) intermediate, the work the kernel saves
-            if worth_compiling(math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])) * self.dim**2):
-                return kernels.CompiledBilinear.apply(a, b, self._products, table)
+        elif per_blade and self.compile and not self._products.compile_failed and kernels.takes_kernel(a, b):
+            return kernels.CompiledBilinear.apply(a, b, self._products, table)
         t = self._table(a.device, a.dtype)
         if self.dim <= kernels.DENSE_MAX_DIM:
             return kernels.dense_product(a, b, t[table])

@@ -24,6 +24,7 @@ Three forms of the same sparse product ``c_k = Σ sign · a_i · b_j`` over the 
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
@@ -33,6 +34,7 @@ from torch import Tensor
 
 from geoattn import native
 from geoattn.algebra.layout import is_blade_major
+from geoattn.compile import worth_compiling
 
 Entries = Sequence[tuple[int, int, int, int]]  # (i, j, k, sign): e_i ∘ e_j = sign · e_k
 
@@ -306,6 +308,19 @@ def _blade_runs(x: Tensor) -> Tensor:
 
 
 _NATIVE_OFF: list[bool] = []  # `compiled_instead` nests
+# Rows from which a product takes the native kernel: from 256 rows on it measured faster than the
+# eager dense and gather forms, forward and backward, in Cl(3) and PGA (BENCHMARKS.md); below, level
+NATIVE_MIN_ROWS = 256
+
+
+def takes_kernel(a: Tensor, b: Tensor) -> bool:
+    """Whether the product of ``a`` and ``b`` ``(..., width)`` (leading dims broadcasting) goes through
+    `CompiledBilinear`: the native kernel from `NATIVE_MIN_ROWS` rows where it runs them, else the
+    compiled one where `worth_compiling` says so (its (rows, width, width) count)."""
+    rows = math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1]))
+    if native_products(a) is not None:
+        return rows >= NATIVE_MIN_ROWS
+    return worth_compiling(rows * a.shape[-1] * b.shape[-1])
 
 
 def native_products(x: Tensor) -> ModuleType | None:

@@ -3,7 +3,8 @@
 One run, medians over ``--repeats`` interleaved rounds (each round times every implementation
 once, so changes in machine load hit all alike), ratios to geoattn. Each peer gets its
 fastest honest form: geoattn takes the batch-major ``(N, dim)`` tensors users hold (through the native
-kernel where it is built; the row after it is the torch.compile'd form it replaces); kingdon gets
+kernel where it is built; the row after it is what runs without it: large batches compiled, small
+ones eager); kingdon gets
 component-major ``(dim, N)`` torch tensors prepared outside the timing (its code-generated product
 works blade by blade) and returns its list of blade rows; torch-ga's ``geom_prod`` and the dense
 einsum over the Cayley table take ``(N, dim)``. Forward+backward is ``out.backward(g)`` with one
@@ -67,8 +68,9 @@ def _geoattn(alg: CliffordAlgebra, a: Tensor, b: Tensor, g: Tensor) -> Peer:
 
 
 def _geoattn_compiled(alg: CliffordAlgebra, a: Tensor, b: Tensor, g: Tensor) -> Peer:
-    """geoattn's products in the torch.compile'd form that the native kernel replaces where it is built."""
-    name = "geoattn, torch.compile (native off)"
+    """geoattn's products without the native kernel, as where it is not built: the torch.compile'd
+    per-blade form for large batches, the eager dense or gather form for small ones."""
+    name = "geoattn, native kernel off"
     if kernels.native_products(a) is None:
         return Peer(name, missing="the row above (no native kernel)")
     base = _geoattn(alg, a, b, g)

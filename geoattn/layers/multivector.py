@@ -22,7 +22,6 @@ from torch import Tensor, nn
 
 from geoattn.algebra import kernels
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.compile import worth_compiling
 
 
 def _check_mv(x: Tensor, algebra: CliffordAlgebra, channels: int, name: str, owner: str) -> None:
@@ -318,11 +317,7 @@ class GradePathProduct(nn.Module):
         dim, slots = self.algebra.dim, self.slot_path.numel()
         if torch.compiler.is_compiling():
             q = self._products.plain("paths")(a, b)
-        elif (
-            self.algebra.compile
-            and not self._products.compile_failed
-            and worth_compiling(math.prod(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])) * dim * dim)
-        ):
+        elif self.algebra.compile and not self._products.compile_failed and kernels.takes_kernel(a, b):
             q = kernels.CompiledBilinear.apply(a, b, self._products, "paths")
         else:
             table = self.table.to(a.dtype)
