@@ -205,7 +205,9 @@ class RotorAttention(nn.Module):
     @disabled
     def _heads(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """Each group of heads of one type through :func:`rotor_attention`; ``(B, H, N, Ch, dim)``."""
-        if self._split_sizes is not None:
+        if len(self.groups) == 1:  # one head type: no split (a split of one still concatenates its gradient)
+            parts = [(q, k, v)]
+        elif self._split_sizes is not None:
             sizes = self._split_sizes
             parts = zip(q.split(sizes, 1), k.split(sizes, 1), v.split(sizes, 1))
         else:
