@@ -373,12 +373,12 @@ def test_each_build_in_float32_matches_its_float64_over_many_blocks(march, d, bu
 def test_each_build_runs_the_products_of_the_per_blade_form(march, signature):
     """``bilinear_product`` (``products.h``) of each build against the generated per-blade Python for
     the same table, float64 to rounding and float32 to its own. Tables: the geometric product and its
-    gradients (Cl(3) and PGA: the build's constant tables; Cl(2,0,1): the signs read at run time) and
-    the outer product (read at run time); a grade-path table of more outputs than blades (the general
-    form) is in test_rotor_layers. Layouts: rows (M, dim); blade by blade (dim, 1, M) at a blade
-    stride past M; in runs of 15 rows 30 apart (blocks end inside runs: copied) and of 32 rows 48 apart
-    (whole chunks: read in place), as channel slices of the layers' stream; 150–160 rows, so the last
-    block is a part."""
+    gradients (Cl(3) and PGA: the build's constant tables; Cl(2,0,1): the general form, the table read
+    at run time) and the outer product (the general form); a grade-path table of more outputs than
+    blades (the general form too) is in test_rotor_layers. Layouts: rows (M, dim); blade by blade
+    (dim, 1, M) at a blade stride past M; in runs of 15 rows 30 apart (blocks end inside runs:
+    copied) and of 32 rows 48 apart (whole chunks: read in place), as channel slices of the layers'
+    stream; 150–160 rows, so the last block is a part."""
     from geoattn.algebra import CliffordAlgebra
 
     kernel = native.build(march).module

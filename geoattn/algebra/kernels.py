@@ -133,7 +133,8 @@ def gradient_tables(entries: Entries) -> tuple[Entries, Entries]:
 
 # Signatures whose geometric product and gradient tables the native build carries as constants
 # (``geoattn/native/products_tables.h``, written by `native_tables_source`): the rotor models' Cl(3)
-# and GATr's PGA. Their kernels run the terms with the signs folded in; other tables read theirs.
+# and GATr's PGA. Their kernels run the terms with the signs folded in; other tables take the general
+# form, which reads the table at run time.
 NATIVE_SIGNATURES = ((3, 0, 0), (3, 0, 1))
 NATIVE_TABLES_HEADER = "products_tables.h"
 

@@ -6,9 +6,12 @@
 // Layouts: each operand is (M, width) rows with a row stride and a blade stride, so one kernel reads
 // both memory orders: batch-major (row stride = width, blade stride 1) and blade by blade (row stride
 // 1, blade stride ≥ M). Blade by blade, the rows may also come in runs of `inner` contiguous ones
-// `outer` apart: a channel slice of the layers' blade-major stream, read where it lies. Rows go in blocks of kRows: a block's blades are copied into a small buffer,
-// one blade after the other (a transpose for batch-major rows), every entry is then one vector loop
-// over the block's rows in that buffer, and the result goes back in the output's order.
+// `outer` apart: a channel slice of the layers' blade-major stream, read where it lies.
+//
+// Rows go in blocks (kRows, or one run). The tables the build carries as constants (`fixed_block`)
+// read a block's blades in place where its rows lie contiguous, else from a small buffer they are
+// copied into (a transpose for batch-major rows); any other table runs its terms, grouped by output
+// blade, over that buffer. The result goes back in the output's order.
 
 #pragma once
 
@@ -127,8 +130,7 @@ struct Terms {
 // In the Clifford products (geometric, outer, contractions) and their gradients each output blade k
 // takes blade i of a at most once, with the partner blade of b whose bit set is i's xor k's. In the
 // algebra's blade order (by grade, then lexicographic: geoattn.algebra) for 8 and 16 blades those
-// partners are constants here, so a's and b's chunks stay in registers and each term is a multiply
-// and a multiply-add by its sign (the metric's and the product's, given at run time; 0 where absent).
+// partners are constants here.
 template <int W>
 struct Blades;
 template <>
@@ -147,28 +149,9 @@ constexpr int partner(int i, int k) {
   return Blades<W>::index[Blades<W>::mask[i] ^ Blades<W>::mask[k]];
 }
 
-template <int W, typename T>
-inline void clifford_block(const T* __restrict la, const T* __restrict lb, T* __restrict lc,
-                           const T* __restrict sign) {
-  using V = typename Chunk<T>::type;
-  for (int64_t v = 0; v < kRows; v += kChunk) {
-    V a[W], b[W];
-#pragma GCC unroll 16
-    for (int i = 0; i < W; ++i) a[i] = load_chunk<V>(la + i * kRows + v), b[i] = load_chunk<V>(lb + i * kRows + v);
-#pragma GCC unroll 16
-    for (int k = 0; k < W; ++k) {
-      V acc = {};
-#pragma GCC unroll 16
-      for (int i = 0; i < W; ++i) acc += sign[i * W + k] * (a[i] * b[partner<W>(i, k)]);
-      std::memcpy(lc + k * kRows + v, &acc, sizeof(V));
-    }
-  }
-}
-
-// The same with the signs of a table the build carries (products_tables.h: Cl(3)'s and PGA's
-// geometric products and their gradients) as constants: the compiler folds them into adds and
-// subtracts and drops the absent terms.
-// Its operands' and result's blades are pointers to kRows numbers each: into the block's buffer, or
+// A table the build carries (products_tables.h: Cl(3)'s and PGA's geometric products and their
+// gradients), its partners and signs constants: a's and b's chunks stay in registers, the compiler
+// folds each term into one add or subtract and drops the absent ones. Its operands' and result's blades are pointers to kRows numbers each: into the block's buffer, or
 // straight into the tensors where the block's rows lie contiguous there.
 template <int W, int Id, typename T>
 inline void fixed_block(const T* const* pa, const T* const* pb, T* const* pc, int64_t span) {
@@ -224,10 +207,10 @@ int fixed_table(const std::vector<T>& signs) {
   return -1;
 }
 
-// The dense signs (W × W, [i][k]) of a table of that form; empty where the widths differ or are not 8
-// or 16, or an entry pairs other blades or repeats a pair.
+// The dense signs (W × W, [i][k]) of a table of that form, to find it among the carried ones; empty
+// where the widths differ or are not 8 or 16, or an entry pairs other blades or repeats a pair.
 template <typename T>
-std::vector<T> clifford_signs(const int64_t* entries, int64_t n, int64_t wa, int64_t wb, int64_t wc) {
+std::vector<T> dense_signs(const int64_t* entries, int64_t n, int64_t wa, int64_t wb, int64_t wc) {
   const int64_t w = wc;
   if (wa != w || wb != w || (w != 8 && w != 16)) return {};
   std::vector<T> sign(w * w, T(0));
@@ -246,7 +229,7 @@ template <typename T>
 void run(const Strided<const T>& a, const Strided<const T>& b, const Strided<T>& c, int64_t rows,
          const int64_t* entries, int64_t n_entries) {
   const Terms<T> terms(entries, n_entries, c.width);
-  const std::vector<T> signs = clifford_signs<T>(entries, n_entries, a.width, b.width, c.width);
+  const std::vector<T> signs = dense_signs<T>(entries, n_entries, a.width, b.width, c.width);
   const int fixed8 = fixed_table<8>(signs), fixed16 = fixed_table<16>(signs);
   // blocks of kRows rows, or of one run where both operands come in equal runs of whole chunks
   const bool by_run = a.row == 1 && b.row == 1 && a.inner == b.inner && a.inner < kRows && a.inner % kChunk == 0;
@@ -273,16 +256,8 @@ void run(const Strided<const T>& a, const Strided<const T>& b, const Strided<T>&
         if (!direct) store(lc, m0, n, c);
         continue;
       }
-      load(a, m0, n, la);
+      load(a, m0, n, la);  // any other table: its terms, grouped by output blade, from the buffers
       load(b, m0, n, lb);
-      if (signs.size() == 64 || signs.size() == 256) {
-        if (signs.size() == 64)
-          clifford_block<8>(la, lb, lc, signs.data());
-        else
-          clifford_block<16>(la, lb, lc, signs.data());
-        store(lc, m0, n, c);
-        continue;
-      }
       for (int64_t k = 0; k < c.width; ++k)
         for (int64_t v = 0; v < kRows; v += kChunk) {
           using V = typename Chunk<T>::type;
