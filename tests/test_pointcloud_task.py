@@ -57,7 +57,7 @@ def test_protocol_rotations():
 @pytest.mark.parametrize(
     "options",
     [{}, {"normals": True}, {"axes": True}, {"bending": True}, {"normals": True, "axes": True},
-     {"neighbours": 0}],  # fmt: skip
+     {"neighbours": 0}, {"scales": [4, 24]}, {"neighbours": 0, "scales": [6]}],  # fmt: skip
 )
 def test_rotor_logits_invariant_under_e3(options):
     """Every input option keeps the logits invariant under rotations, reflections and translations."""
@@ -101,7 +101,9 @@ def test_local_messages_keep_the_logits_invariant_and_change_them():
 
 
 @pytest.mark.parametrize(
-    "extra", [{}, {"harmonics": 4}, {"heights": True}, {"heights": True, "normals": False, "neighbours": 0}]
+    "extra",
+    [{}, {"harmonics": 4}, {"heights": True}, {"heights": True, "normals": False, "neighbours": 0},
+     {"heights": True, "scales": [6, 24]}],  # fmt: skip
 )
 def test_rotor_with_the_up_axis_is_invariant_only_about_z(extra):
     """``up`` adds e_z as an input: the logits keep their invariance under rotations about z,
@@ -170,6 +172,28 @@ def test_rotor_fits_a_batch():
     x, y = task.get_batch("train", 32, torch.Generator().manual_seed(0))
     losses = fit_one_batch(model, x, y, 40)
     assert losses[-1] < 0.6 * losses[0], losses
+
+
+def test_each_extra_scale_is_one_more_neighbourhood_read_from_the_nearest_points():
+    """``scales``: one vector channel and 4 scalars per extra neighbourhood size; its offset is the mean
+    of the k nearest points minus the point, in the units `local_geometry` gives it (so the smallest
+    scale's differs from the recipe's 16 neighbours'); a size below 3 is an error naming the key."""
+    from geoattn.tasks.pointcloud.graph import knn, local_geometry
+
+    task = PointCloudTask(PointCloudConfig(**SMALL))
+    plain = task._build("rotor", SIZES, {"normals": True})
+    model = task._build("rotor", SIZES, {"normals": True, "scales": [4, 24]})
+    assert point_inputs(model.config) == tuple(a + b for a, b in zip(point_inputs(plain.config), (2, 8)))
+    x, _ = task.evaluation_set("val")
+    points = x[:4] - x[:4].mean(1, keepdim=True)
+    vectors, scalars = model.double().inputs(points)
+    assert vectors.shape[2] == model.config.in_channels and scalars.shape[-1] == model.config.in_scalars
+    four = local_geometry(points, knn(points, 4))
+    torch.testing.assert_close(model.algebra.vector_part(vectors[:, :, 3]), four.offset)
+    assert (four.offset - local_geometry(points, knn(points, 16)).offset).abs().max() > 1e-2
+    for bad in ([2], ["6"], 1.5):
+        with pytest.raises(ConfigError, match="scales"):
+            task._build("rotor", SIZES, {"scales": bad})
 
 
 @pytest.mark.parametrize("name", ["normals", "bending"])

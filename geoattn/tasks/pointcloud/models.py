@@ -75,6 +75,10 @@ class PointRotorConfig(RotorTransformerConfig):
         local: before each of the first ``local`` blocks, a :class:`LocalMessages` layer over each
             point's ``local_k`` nearest points (DGCNN's EdgeConv made equivariant; 0: none).
         local_k: neighbours of the local messages (DGCNN's k = 10).
+        scales: more neighbourhood sizes read beside ``neighbours`` (e.g. ``[6, 32]``), each as one more
+            vector channel (its neighbours' mean offset) and 4 more scalars (the offset's length and the
+            3 local extents, :func:`~geoattn.tasks.pointcloud.graph.local_geometry`): a tube's small
+            radius or a face's flatness shows in a few neighbours, a shape's bends in many.
     """
 
     neighbours: int = 16
@@ -87,9 +91,14 @@ class PointRotorConfig(RotorTransformerConfig):
     harmonics: int = 0
     local: int = 0
     local_k: int = 10
+    scales: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        scales = self.scales if isinstance(self.scales, (list, tuple)) else (self.scales,)
+        if any(not isinstance(k, int) or isinstance(k, bool) or k < 3 for k in scales):
+            raise ConfigError(f"PointRotorConfig.scales must be neighbourhood sizes ≥ 3, got {self.scales!r}")
+        self.scales = tuple(scales)
         for name in ("neighbours", "readout", "harmonics", "local", "local_k"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -166,8 +175,10 @@ def point_inputs(config: PointRotorConfig) -> tuple[int, int]:
     """The rotor model's input widths (vector channels, scalars): the centred point and its radius;
     with neighbours also its neighbours' mean offset, the offset's length and the 3 local extents; with
     axes 6 more scalars; with normals and with up one more vector channel each; with bending 3 more
-    scalars; with heights 2 more, and one more each with neighbours and with normals."""
+    scalars; with heights 2 more, and one more each with neighbours and with normals; per extra scale one
+    vector channel and 4 scalars."""
     vectors, scalars = (2, 5) if config.neighbours else (1, 1)
+    vectors, scalars = vectors + len(config.scales), scalars + 4 * len(config.scales)
     heights = (2 + bool(config.neighbours) + config.normals) if config.heights else 0
     return vectors + config.normals + config.up, scalars + 6 * config.axes + 3 * config.bending + heights
 
@@ -214,13 +225,21 @@ class PointRotor(TaskModel):
         (:func:`point_inputs`)."""
         scalars = [points.norm(dim=-1, keepdim=True)]  # the radius (B, P, 1)
         vectors = [points]
+        sizes = (self.config.neighbours, *self.config.scales)
+        if max(sizes):
+            nearest = knn(points, max(sizes))  # (B, P, k_max), nearest first: each scale a prefix
         if self.config.neighbours:
-            index = knn(points, self.config.neighbours)
+            index = nearest[..., : self.config.neighbours]
             local = local_geometry(points, index)
             vectors += [local.offset, local.normal] if self.config.normals else [local.offset]
             scalars += [local.offset.norm(dim=-1, keepdim=True), local.extents]  # (B, P, 1), (B, P, 3)
             if self.config.bending:
                 scalars.append(bending(local.normal, index))  # (B, P, 3)
+        local_vectors = vectors[1:]  # the offset and the normal, where read
+        for k in self.config.scales:
+            other = local_geometry(points, nearest[..., :k])
+            vectors.append(other.offset)
+            scalars += [other.offset.norm(dim=-1, keepdim=True), other.extents]
         if self.config.axes:
             distances, spread = principal_axes(points)
             scalars += [distances, spread[:, None].expand_as(distances)]  # (B, P, 3) each
@@ -228,7 +247,7 @@ class PointRotor(TaskModel):
             vectors.append(points.new_tensor([0.0, 0.0, 1.0]).expand_as(points))  # e_z at every point
         if self.config.heights:  # ⟨v, e_z⟩ of the vector inputs, and the distance from the z axis
             scalars += [points[..., 2:], points[..., :2].norm(dim=-1, keepdim=True)]
-            scalars += [v[..., 2:] for v in vectors[1:-1]]  # the offset and the normal (not x, not e_z)
+            scalars += [v[..., 2:] for v in local_vectors]
         return self.algebra.vector(torch.stack(vectors, 2)), torch.cat(scalars, -1)
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
