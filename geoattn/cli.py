@@ -68,7 +68,14 @@ def train_flags() -> dict[str, dataclasses.Field]:
 def _flag_type(field: dataclasses.Field):
     from geoattn.training.config import coerce
 
-    return lambda text: coerce(field.name, text)
+    # "none" stays text until the layers merge: parsed here it would be None, which reads as "not given"
+    # and would leave a recipe's value in place (`--min-lr none` gives the field its own default back)
+    def parse(text: str):
+        value = coerce(field.name, text)
+        return text if value is None else value
+
+    parse.__name__ = field.name  # argparse's message: "invalid max_iters value: 'abc'"
+    return parse
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:

@@ -24,9 +24,9 @@ def build_config(*layers: dict[str, Any]) -> TrainConfig:
     """The TrainConfig of a run: the task's recipe for the model, then ``layers`` (lowest first: a
     saved config, TOML, ``--set``, flags). The task and model are those the layers name.
 
-    A recipe with a held rate (``hold_iters``) is a schedule of its own run length: a run of another
-    length that sets neither ``warmup_iters`` nor ``hold_iters`` gets both scaled with it, so the
-    warmup, the hold and the decay keep their shares of the run.
+    A recipe with a held rate (``hold_iters``) is a schedule of its own run length: in a run of another
+    length the recipe's ``warmup_iters`` and ``hold_iters`` (each one a layer does not set) scale with
+    it, so the warmup, the hold and the decay keep their shares of the run.
     """
 
     # the task and model only (a layer's settings may be valid only on top of the recipe, e.g. a
@@ -36,11 +36,15 @@ def build_config(*layers: dict[str, Any]) -> TrainConfig:
         return given[-1] if given else TrainConfig.__dataclass_fields__[key].default
 
     base = recipe(named("task"), named("model"))
-    if base.get("hold_iters") and not any("warmup_iters" in lay or "hold_iters" in lay for lay in layers):
+    scaled = [k for k in ("warmup_iters", "hold_iters") if not any(k in layer for layer in layers)]
+    if base.get("hold_iters") and scaled:
         length = base.get("lr_decay_iters") or base.get("max_iters") or named("max_iters")
         lengths = (lay[k] for lay in reversed(layers) for k in ("lr_decay_iters", "max_iters") if lay.get(k))
         run = int(next(lengths, length))
         if run != length:
-            shares = ("warmup_iters", "hold_iters")
-            base = {**base, **{k: round(base.get(k, 0) * run / length) for k in shares}}
+            base = {**base, **{k: round(base.get(k, 0) * run / length) for k in scaled}}
+            if "hold_iters" in scaled:  # rounding can leave no step to decay in a very short run
+                given = [layer["warmup_iters"] for layer in layers if "warmup_iters" in layer]
+                warmup = int(given[-1]) if given else base.get("warmup_iters", 0)
+                base["hold_iters"] = max(0, min(base["hold_iters"], run - 1 - warmup))
     return merge(base, *layers)

@@ -62,7 +62,11 @@ def test_a_run_that_failed_before_its_first_checkpoint_leaves_out_reusable(
 
 def test_the_pga_rotor_model_trains_and_evaluates(gatr_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    assert train(out, gatr_dir, "--model", "rotor", "--set", 'model.algebra="pga"') == 0
+    # the recipe's Clifford message layers are Cl(3)'s: alone, another algebra is a one-line error
+    assert train(out, gatr_dir, "--model", "rotor", "--set", 'model.algebra="pga"') == 2
+    assert "also set model.block_messages=egnn" in capsys.readouterr().err
+    pga = ("--set", 'model.algebra="pga"', "--set", "model.block_messages=egnn")
+    assert train(out, gatr_dir, "--model", "rotor", *pga) == 0
     assert json.loads((out / "config.json").read_text())["model"]["algebra"] == "pga"
     summary = json.loads((out / "summary.json").read_text())
     capsys.readouterr()
@@ -102,9 +106,11 @@ def test_list_settings_explains_every_task_and_model_key(model, capsys):
 
 
 def test_gatrs_budget_command_runs_on_files_written_by_save_gatr_format(gatr_dir, tmp_path, capsys):
-    """The issue's command (GATr's batch, lr and exponential decay to lr/100), fewer steps and tiny sets."""
+    """The issue's command (GATr's batch, lr and exponential decay to lr/100, no warmup or hold), fewer steps
+    and tiny sets."""
     out = tmp_path / "run"
-    flags = "--model rotor --batch-size 64 --lr-schedule exponential --lr 3e-4 --max-iters 3"
+    flags = "--model rotor --batch-size 64 --lr-schedule exponential --lr 3e-4 --max-iters 3 --hold-iters 0"
+    flags += " --min-lr none --weight-decay 0"
     argv = ["train", "--task", "nbody", "--data", str(gatr_dir), "--out", str(out), *flags.split()]
     assert main([*argv, *"--eval-interval 3 --eval-iters 1 --warmup-iters 0 --no-plots".split()]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -129,19 +135,33 @@ def test_help_names_gatrs_files_and_how_the_width_maps_onto_the_rotor_model(caps
     assert "nbody a directory of GATr's files" in " ".join(capsys.readouterr().out.split())
 
 
-def test_the_rotor_default_is_the_recipe_the_selection_experiment_names():
-    """`--task nbody --model rotor` without flags trains the "(recipe)" candidate of
-    experiments/nbody-lr.toml on GATr's schedule; flags still win over the recipe."""
+def test_the_rotor_default_is_the_message_model_validation_chose_and_old_cells_keep_theirs():
+    """`--task nbody --model rotor` without flags is nbody-gatr-six-seeds' cell "rotor + Clifford messages
+    before every block, lr 4e-3" (the same settings, so the same run directory, at GATr's budget); the
+    cells of experiments from before pin the recipe they ran with (4 × 256, 128 scalars, GATr's
+    exponential decay from 2e-3); another run length scales the warmup and the hold; flags still win."""
+    from dataclasses import replace
+    from pathlib import Path
+
     from geoattn.experiments import load_spec
     from geoattn.recipes import build_config
 
+    spec = load_spec("nbody-gatr-six-seeds")
+    cells = {c.name: c for c in spec.cells}
+    chosen = cells["rotor + Clifford messages before every block, lr 4e-3"]
+    defaults = replace(chosen, name="defaults", fields={"model": "rotor"})
+    runs = Path("runs")
+    assert spec.config(defaults, 1337, runs)["out"] == spec.config(chosen, 1337, runs)["out"]
     config = build_config({"task": "nbody", "model": "rotor"})
-    settings = (config.lr, config.n_embd, config.lr_schedule, config.warmup_iters)
-    assert settings == (2e-3, 256, "exponential", 0)
-    assert config.model_options == {"scalars": 128}
+    assert (config.lr, config.n_embd, config.lr_schedule, config.weight_decay) == (4e-3, 128, "cosine", 0.5)
+    assert config.model_options["block_messages"] == "clifford" and config.model_options["scalars"] == 16
+    before = spec.config(cells["RotorTransformer, its recipe (the defaults)"], 1337, runs)
+    assert (before["lr"], before["n_embd"], before["lr_schedule"]) == (2e-3, 256, "exponential")
+    assert (before["warmup_iters"], before["hold_iters"], before["min_lr"]) == (0, 0, None)
+    assert before["model_options"] == {"scalars": 128}
+    longer = build_config({"task": "nbody", "model": "rotor", "max_iters": 4000})
+    assert (longer.warmup_iters, longer.hold_iters) == (62, 2938)
     assert build_config({"task": "nbody", "model": "rotor", "lr": 1e-3}).lr == 1e-3
-    recipe = next(c for c in load_spec("nbody-lr").cells if "(recipe)" in c.name)
-    assert recipe.fields["lr"] == config.lr and recipe.fields["lr_schedule"] == config.lr_schedule
 
 
 def test_the_clifford_default_is_the_schedule_the_test_experiment_ran_and_scales_with_the_run():
@@ -162,7 +182,7 @@ def test_the_clifford_default_is_the_schedule_the_test_experiment_ran_and_scales
     short = build_config({"task": "nbody", "model": "clifford", "max_iters": 60})
     assert short.warmup_iters + short.hold_iters < 60
     kept = build_config({"task": "nbody", "model": "clifford", "max_iters": 17040, "hold_iters": 100})
-    assert (kept.warmup_iters, kept.hold_iters) == (66, 100)
+    assert (kept.warmup_iters, kept.hold_iters) == (264, 100)  # the one not set still scales
     old = build_config({"task": "nbody", "model": "clifford", "min_lr": "none", "hold_iters": 0})
     assert old.min_lr is None and old.final_lr == pytest.approx(8e-4) and old.hold_iters == 0
 

@@ -97,7 +97,9 @@ class NBodyRotorConfig(RotorTransformerConfig):
             )
         if self.block_messages == "clifford" and (self.algebra != "cl3" or not self.pair_every_block):
             raise ConfigError(
-                "NBodyRotorConfig: block_messages='clifford' needs algebra='cl3' and pair_every_block=true"
+                "NBodyRotorConfig: block_messages='clifford' needs algebra='cl3' and pair_every_block=true "
+                f"(got algebra={self.algebra!r}, pair_every_block={self.pair_every_block}; the nbody rotor "
+                "recipe sets it: with another algebra also set model.block_messages=egnn)"
             )
 
     def transformer_config(self) -> RotorTransformerConfig:
