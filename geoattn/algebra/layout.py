@@ -7,6 +7,7 @@ geometric product has a form for it (``geoattn.algebra.kernels``).
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
@@ -26,3 +27,24 @@ def is_blade_major(x: Tensor) -> bool:
     """Whether ``x (..., dim)`` is stored blade by blade: its blades the outermost stride, its last
     leading dim contiguous (a channel slice of a :func:`blade_major` tensor counts)."""
     return x.dim() > 1 and x.stride(-1) > 1 and x.stride(-2) == 1 and x.stride(-1) == max(x.stride())
+
+
+class _BladeMajorGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad if is_blade_major(grad) else blade_major(grad)
+
+
+def blade_major_grad(x: Tensor) -> Tensor:
+    """``x`` itself, whose gradient is stored blade by blade (:func:`blade_major`) on its way back.
+
+    Elementwise operators give their gradients the memory order of the gradient they receive, so one
+    read-out in the default order (e.g. invariant features) hands that order to every layer before it,
+    and each :class:`~geoattn.layers.multivector.EquiLinear` then copies each blade's gradient matrix
+    before its GEMMs; converting once where the stream ends saves those copies.
+    """
+    return _BladeMajorGrad.apply(x)

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra, cos_sinc
+from geoattn.algebra.layout import blade_major_grad
 from geoattn.attention.rotor_heads import HEADS, check_head_types
 from geoattn.attention.rotor_kernel import rotor_attention
 from geoattn.compile import disabled
@@ -183,7 +184,8 @@ class RotorAttention(nn.Module):
         B, N = x.shape[:2]
         H, Ch = len(self.head_types), self.head_channels
         qkv, _ = self.qkv(x, s)  # (B, N, 3·H·Ch, dim)
-        qkv = qkv.view(B, N, 3, H, Ch, -1)
+        # the heads hand back q, k and v's gradients in the default order; one turn for the map's GEMMs
+        qkv = blade_major_grad(qkv).view(B, N, 3, H, Ch, -1)
         if self.positional is not None:
             if positions is None:
                 raise ValueError("RotorAttention: positional_encoding=True needs positions")

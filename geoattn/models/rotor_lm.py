@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.algebra.layout import blade_major
+from geoattn.algebra.layout import blade_major, blade_major_grad
 from geoattn.algebra.named import ALGEBRAS, algebra_signature, named_algebra
 from geoattn.attention.rotor_heads import DEFAULT_HEAD_CYCLE, check_head_types, default_head_types
 from geoattn.errors import ConfigError
@@ -351,7 +351,8 @@ class RotorStack(nn.Module):
         x = blade_major(x)  # the blocks' channel maps read and write it without copies
         for block in self.blocks:
             x, s = block(x, s, positions)
-        return self.norm(x), (self.snorm(s) if s is not None else None)
+        # the read-outs' gradients come back in the default order: turned once here, not in every block
+        return blade_major_grad(self.norm(x)), (self.snorm(s) if s is not None else None)
 
     def invariants(self, x: Tensor, s: Tensor | None) -> Tensor:
         """``(B, T, C·(n+1) + S)``: per channel the scalar part ``⟨x⟩₀`` and the invariant norm of each
