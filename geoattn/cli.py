@@ -223,28 +223,43 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
         "nbody a directory of GATr's files",
     )
     p.add_argument("--device", default=None, help="cpu | cuda (default: the run's)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="task.KEY=VALUE",
+        help="evaluate on another draw of the task's data: task.* settings only (e.g. pointcloud "
+        "task.seed=7 task.test_size=10000: clouds no run has seen)",
+    )
     p.set_defaults(func=cmd_eval)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from geoattn.formatting import significant
+    from geoattn.training.config import parse_set
     from geoattn.training.evaluate import evaluation_rows, load_run
 
+    sets = parse_set(args.set)
+    if set(sets) - {"task_options"}:
+        raise ConfigError(f"geoattn eval --set takes task.* keys only (the data), got {', '.join(args.set)}")
     run = load_run(
         Path(args.out),
         device=args.device,
         data=args.data,
         batch_size=args.batch_size,
         eval_iters=args.eval_iters,
+        task_options=sets.get("task_options"),
     )
     t0 = time.perf_counter()
     rows = evaluation_rows(run)
     wall = time.perf_counter() - t0
     summary = run.directory.read_summary()
     trained = f", trained {summary['iter']} iters in {summary['wall_s']:.0f} s" if summary else ""
+    other = " ".join(f"task.{k}={v}" for k, v in sets.get("task_options", {}).items())
     print(
         f"{run.config.model} on {run.config.task} ({run.out}): "
         f"{run.model.num_params():,} parameters{trained}; evaluated in {wall:.1f} s"
+        + (f" on other data: {other}" if other else "")
     )
     table = [
         [r.metric, significant(r.value) if isinstance(r.value, float) else r.value, r.over] for r in rows

@@ -232,3 +232,38 @@ def test_the_rotor_recipe_has_block_gains_and_old_cells_pin_them_off():
         {"model_options": {"layer_scale": 0.5}},
     )
     assert again.model_options["layer_scale"] == 0.5  # a later layer sets it again
+
+
+def test_eval_reads_a_trained_run_on_another_draw_of_the_clouds(tmp_path, capsys):
+    """`geoattn eval --set task.seed=... task.test_size=...` evaluates the stored model on clouds no run
+    has seen (another seed, another size), said in its header; without --set it reads the run's own
+    split; a --set outside task.* is one line and exit code 2."""
+    import json
+
+    from geoattn.cli import main
+    from geoattn.training.evaluate import load_run
+
+    out = tmp_path / "run"
+    sizes = ["--set", "task.n_points=32", "--set", "task.train_size=64", "--set", "task.val_size=16"]
+    tiny = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--batch-size", "8", "--no-plots"]
+    flags = ["--max-iters", "2", "--eval-interval", "2", "--eval-iters", "1", *tiny, *sizes]
+    argv = ["train", "--task", "pointcloud", "--model", "pointnet", "--out", str(out), *flags]
+    assert main([*argv, "--set", "task.test_size=32"]) == 0
+    capsys.readouterr()
+
+    def header(*extra: str) -> str:
+        assert main(["eval", "--out", str(out), *extra]) == 0
+        return capsys.readouterr().out.splitlines()[0]
+
+    assert "other data" not in header()
+    other = header("--set", "task.seed=5", "--set", "task.test_size=48")
+    assert "on other data: task.seed=5 task.test_size=48" in other
+    run = load_run(out, task_options={"seed": 5, "test_size": 48})
+    clouds, _ = run.task.evaluation_set("test", "z")
+    own, _ = load_run(out).task.evaluation_set("test", "z")
+    assert clouds.shape[0] == 48 and own.shape[0] == 32
+    assert (clouds[:32] - own).abs().max() > 0.1  # another draw, not the run's clouds
+    saved = json.loads((out / "config.json").read_text())["train"]["task_options"]
+    assert saved["test_size"] == 32  # the run's own record is untouched
+    assert main(["eval", "--out", str(out), "--set", "model.readout=0"]) == 2
+    assert "task.* keys only" in capsys.readouterr().err

@@ -40,11 +40,14 @@ def load_run(
     batch_size: int | None = None,
     eval_iters: int | None = None,
     load_data: bool = True,
+    task_options: dict[str, Any] | None = None,
 ) -> Run:
     """Rebuild the model of the run in ``out`` from its config.json and load its weights.
 
     ``data`` evaluates on other data than the run's (lm: another text; nbody: another directory of
-    GATr's files). Raises CheckpointError when the files are missing, corrupt, or do not match.
+    GATr's files); ``task_options`` override the run's ``task.*`` settings (another draw of a generated
+    task's data, e.g. the pointcloud task's ``seed``). Raises CheckpointError when the files are
+    missing, corrupt, or do not match.
     """
     directory = RunDirectory(out)
     saved = directory.read_config()
@@ -59,7 +62,7 @@ def load_run(
         if v is not None
     }
     try:
-        config = merge(saved["train"], overrides)
+        config = merge(saved["train"], overrides, {"task_options": task_options or {}})
     except TypeError as err:
         raise CheckpointError(
             f"{directory.file(RunDirectory.CONFIG)} does not hold a valid TrainConfig ({err})"
