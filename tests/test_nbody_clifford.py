@@ -61,6 +61,45 @@ def test_clifford_model_is_permutation_equivariant():
     torch.testing.assert_close(out_perm, out[:, perm], rtol=1e-10, atol=1e-10)
 
 
+def test_a_message_layer_reads_the_pairs_j_other_than_i_as_the_masked_mean_over_all_pairs():
+    """The layer forms messages for the ordered pairs j ≠ i only (`other_bodies`); the same maths as
+    messages over all n² pairs averaged with the self-pairs' weight 0 (its form before), in float64,
+    values and parameter gradients."""
+    from geoattn.tasks.nbody.bodies import mean_over_others, other_bodies
+    from geoattn.tasks.nbody.clifford import CliffordMessageLayer, pair_geometry
+
+    assert other_bodies(4).tolist() == [[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]]
+    torch.manual_seed(1)
+    model = NBodyCliffordGNN(CliffordGNNConfig(n_layer=1, channels=4, scalars=4)).double()
+    layer, ga = model.layers[0], model.algebra
+    B, n = 3, 5
+    h, s = torch.randn(B, n, 4, 8, dtype=torch.float64), torch.randn(B, n, 4, dtype=torch.float64)
+    c, x, v = torch.randn(B, n, 1).double(), torch.randn(B, n, 3).double(), torch.randn(B, n, 3).double()
+    geometry, invariants = pair_geometry(ga, c, x, v)
+
+    def all_pairs(self: CliffordMessageLayer, h, s, geometry, invariants):
+        a, a_s = self.receiver(h, s)
+        b, b_s = self.sender(h, s)
+        g, g_s = self.geometry(geometry, invariants)
+        m, t = a[:, :, None] + b[:, None] + g, a_s[:, :, None] + b_s[:, None] + g_s
+        dm, dt = self.message_mlp(self.message_norm(m), self.message_scalar_norm(t))
+        m, t = m + dm, t + dt
+        mean = mean_over_others(n, t)
+        m_mean, t_mean = (m * mean[..., None]).sum(2), (t * mean).sum(2)
+        dh, ds = self.update(torch.cat((h, m_mean), -2), torch.cat((s, t_mean), -1))
+        h, s = h + dh, s + ds
+        dh, ds = self.node_mlp(self.node_norm(h), self.node_scalar_norm(s))
+        return h + dh, s + ds
+
+    results = []
+    for forward in (layer.forward, lambda *args: all_pairs(layer, *args)):
+        out_h, out_s = forward(h, s, geometry, invariants)
+        loss = out_h.pow(2).sum() + out_s.pow(3).sum()
+        results.append((out_h, out_s, *torch.autograd.grad(loss, list(layer.parameters()))))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("signed", [True, False])
 def test_clifford_model_charge_flip(signed):
     """``signed_charges=False``: flipping every charge leaves the prediction unchanged (the dynamics'

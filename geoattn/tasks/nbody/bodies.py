@@ -21,6 +21,13 @@ def pair_invariants(x: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return dx, dv, torch.stack(((dx * dx).sum(-1), (dx * dv).sum(-1), (dv * dv).sum(-1)), -1)
 
 
+def other_bodies(n: int, device: torch.device | str = "cpu") -> Tensor:
+    """``(n, n − 1)`` long: row i lists the bodies j ≠ i in order, so ``f[:, others]`` of a per-body
+    ``f (B, n, ...)`` is ``f_j`` of every ordered pair ``(B, n, n − 1, ...)`` without the self-pairs."""
+    j = torch.arange(n - 1, device=device)
+    return j + (j[None, :] >= torch.arange(n, device=device)[:, None]).long()
+
+
 def mean_over_others(n: int, like: Tensor) -> Tensor:
     """``(1, n, n, 1)`` weights of a mean over j ≠ i."""
     return (~torch.eye(n, dtype=torch.bool, device=like.device))[None, :, :, None].to(like.dtype) / (n - 1)

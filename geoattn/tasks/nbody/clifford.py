@@ -7,7 +7,7 @@ forms a message per pair from both bodies and the pair's geometry, mixes it with
 (:class:`GeometricMLP`: the products are what lets a message combine ``x_ij`` with what the bodies
 carry, e.g. a cross product as a bivector), averages the messages over j and updates the body:
 
-    m_ij, t_ij = L_a(h_i, s_i) + L_b(h_j, s_j) + L_g([x_ij, v_ij], u_ij)       (B, n, n, C, 8), (…, S)
+    m_ij, t_ij = L_a(h_i, s_i) + L_b(h_j, s_j) + L_g([x_ij, v_ij], u_ij)   (B, n, n − 1, C, 8), (…, S)
     m_ij, t_ij ← (m_ij, t_ij) + GeometricMLP(norm(m_ij), t_ij)
     h_i, s_i  ← (h_i, s_i) + L_u([h_i, mean_j m_ij], [s_i, mean_j t_ij])
     h_i, s_i  ← (h_i, s_i) + GeometricMLP(norm(h_i), s_i)
@@ -29,12 +29,13 @@ import torch
 from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
+from geoattn.algebra.layout import blade_major_grad
 from geoattn.algebra.named import named_algebra
 from geoattn.errors import ConfigError
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.settings import settings_from
-from geoattn.tasks.nbody.bodies import centroid, check_inputs, mean_over_others, pair_invariants, position_mse
+from geoattn.tasks.nbody.bodies import centroid, check_inputs, other_bodies, pair_invariants, position_mse
 
 
 @dataclass
@@ -88,8 +89,8 @@ class CliffordGNNConfig:
 class CliffordMessageLayer(nn.Module):
     """One message-passing layer (the module docstring's four lines) in the algebra ``ga`` (Cl(3)).
 
-    forward(h ``(B, n, C, 8)``, s ``(B, n, S)``, geometry ``(B, n, n, 2, 8)``, invariants ``(B, n, n, 4)``)
-    → (h, s) of the same shapes.
+    forward(h ``(B, n, C, 8)``, s ``(B, n, S)``, geometry ``(B, n, n, 2, 8)``, invariants ``(B, n, n, 4)``
+    (every ordered pair; the self-pairs are not read) → (h, s) of the same shapes.
     """
 
     GEOMETRY_CHANNELS = 2
@@ -111,18 +112,22 @@ class CliffordMessageLayer(nn.Module):
         self.node_mlp = GeometricMLP(ga, C, S, **mlp)
 
     def forward(self, h: Tensor, s: Tensor, geometry: Tensor, invariants: Tensor) -> tuple[Tensor, Tensor]:
+        n = h.shape[1]
+        # the ordered pairs j ≠ i only: a self-pair's message would be averaged with weight 0
+        others = other_bodies(n, h.device)  # (n, n − 1)
+        receivers = torch.arange(n, device=h.device)[:, None]
         a, a_s = self.receiver(h, s)
         b, b_s = self.sender(h, s)
-        g, g_s = self.geometry(geometry, invariants)
-        m = a[:, :, None] + b[:, None] + g  # (B, n, n, C, 8): receiver i, sender j
-        t = a_s[:, :, None] + b_s[:, None] + g_s
+        # their gradients are sums over the pairs, stored in the default order: turned once for the GEMMs
+        a, b = blade_major_grad(a), blade_major_grad(b)
+        g, g_s = self.geometry(geometry[:, receivers, others], invariants[:, receivers, others])
+        m = a[:, :, None] + b[:, others] + g  # (B, n, n − 1, C, 8): receiver i, sender j
+        t = a_s[:, :, None] + b_s[:, others] + g_s
         dm, dt = self.message_mlp(self.message_norm(m), self.message_scalar_norm(t))
         m, t = m + dm, t + dt
-        n = h.shape[1]
-        mean = mean_over_others(n, t)  # (1, n, n, 1)
-        m_mean = (m * mean[..., None]).sum(2)
-        t_mean = (t * mean).sum(2)
-        dh, ds = self.update(torch.cat((h, m_mean), -2), torch.cat((s, t_mean), -1))
+        # the channels side by side in the blade-by-blade order, which `update` reads without a copy
+        hm = torch.cat((h.movedim(-1, 0), m.mean(2).movedim(-1, 0)), -1).movedim(0, -1)
+        dh, ds = self.update(hm, torch.cat((s, t.mean(2)), -1))
         h, s = h + dh, s + ds
         dh, ds = self.node_mlp(self.node_norm(h), self.node_scalar_norm(s))
         return h + dh, s + ds
