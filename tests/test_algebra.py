@@ -558,6 +558,43 @@ def test_compiled_kernels_match_the_eager_form_values_and_gradients(monkeypatch,
     assert {"geometric", "geometric.grad_a", "geometric.grad_b", "geometric.grad_a.grad_b"} <= ran
 
 
+@pytest.mark.parametrize("signature", [(3, 0, 0), (3, 0, 1)])
+def test_the_product_of_two_halves_writes_both_gradients_where_the_layer_reads_them(
+    monkeypatch, large_batch_kernel, signature
+):
+    """`geometric_product_of_halves` of a blade-major ``h (..., 2H, dim)``: values, the gradient (one
+    tensor laid out as ``h``: the native kernel writes each half's gradient into its runs) and a second
+    derivative equal the eager dense-table form of the two halves' product, float64; the native path
+    really ran where it is built."""
+    from geoattn.algebra import kernels
+    from geoattn.algebra.layout import blade_major, is_blade_major
+
+    fast, slow = CliffordAlgebra(*signature), CliffordAlgebra(*signature, compile=False)
+    torch.manual_seed(3)
+    h = blade_major(torch.randn(3, 8, 2 * 5, fast.dim, dtype=torch.float64))  # 120 rows of 5 channels
+    g = torch.randn(3, 8, 5, fast.dim, dtype=torch.float64)
+    outs = []
+    for alg in (fast, slow):
+
+        def product(h_, alg=alg):
+            if alg is fast:
+                return alg.geometric_product_of_halves(h_)
+            return alg.geometric_product(h_[..., :5, :], h_[..., 5:, :])
+
+        h_ = h.clone(memory_format=torch.preserve_format).requires_grad_()
+        out = product(h_)
+        (grad,) = torch.autograd.grad(out, h_, g)  # a first derivative: the kernel writes it in place
+        (grad_graph,) = torch.autograd.grad(product(h_), h_, g, create_graph=True)
+        (second,) = torch.autograd.grad(grad_graph.pow(2).sum(), h_)
+        outs.append((out.detach(), grad, grad_graph.detach(), second))
+        if alg is fast and large_batch_kernel == "native":
+            assert kernels.takes_halves(h_) and is_blade_major(out) and is_blade_major(grad)
+    for x, y in zip(*outs):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match=r"h has shape \(3, 5, 8\)"):
+        fast.geometric_product_of_halves(torch.zeros(3, 5, 8))
+
+
 def test_the_native_kernel_takes_batches_from_its_minimum_rows(monkeypatch):
     """Where the native kernel is built it takes a product from `NATIVE_MIN_ROWS` rows (broadcast
     rows counted), with no compile threshold; fewer rows stay on the eager dense form. Same values."""

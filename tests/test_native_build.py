@@ -378,7 +378,8 @@ def test_each_build_runs_the_products_of_the_per_blade_form(march, signature):
     blades (the general form too) is in test_rotor_layers. Layouts: rows (M, dim); blade by blade
     (dim, 1, M) at a blade stride past M; in runs of 15 rows 30 apart (blocks end inside runs:
     copied) and of 32 rows 48 apart (whole chunks: read in place), as channel slices of the layers'
-    stream; 150–160 rows, so the last block is a part."""
+    stream; 150–160 rows, so the last block is a part; and ``bilinear_product_into`` writing into runs
+    of a wider tensor (a layer's gradient where its concatenation would put it)."""
     from geoattn.algebra import CliffordAlgebra
 
     kernel = native.build(march).module
@@ -404,6 +405,12 @@ def test_each_build_runs_the_products_of_the_per_blade_form(march, signature):
                 rows_a, rows_b = (x.permute(1, 2, 0).reshape(-1, dim).double() for x in (runs_a, runs_b))
                 expected = products.plain(table)(rows_a, rows_b)
                 torch.testing.assert_close(out.T.double(), expected, **tol, msg=f"{table}, runs of {run}")
+                # written into runs of a wider tensor (`bilinear_product_into`), the rest untouched
+                into = torch.full((dim, groups, apart + 7), 7.0, dtype=dtype)
+                kernel.bilinear_product_into(runs_a, runs_b, entries, into[:, :, 3 : 3 + run])
+                written = into[:, :, 3 : 3 + run].permute(1, 2, 0).reshape(-1, dim).double()
+                torch.testing.assert_close(written, expected, **tol, msg=f"{table}, into runs of {run}")
+                assert (into[:, :, :3] == 7).all() and (into[:, :, 3 + run :] == 7).all()
 
 
 def test_the_constant_tables_are_the_algebras():
@@ -416,13 +423,19 @@ def test_the_constant_tables_are_the_algebras():
 
 
 def test_the_products_kernel_refuses_a_table_outside_its_operands():
-    """An entry naming blade 8 of 8-blade operands is an error, not a read past the rows."""
+    """An entry naming blade 8 of 8-blade operands is an error, not a read past the rows; so is an
+    output of other rows, or narrower than the table writes."""
     kernel = native.cpu_kernels()
     a = torch.randn(10, 8)
     with pytest.raises(RuntimeError, match="entry 1 names a blade outside the operands' widths"):
         kernel.bilinear_product(a, a, torch.tensor([[0, 0, 0, 1], [8, 0, 0, 1]]), 8, False)
     with pytest.raises(RuntimeError, match="a and b differ in rows"):
         kernel.bilinear_product(a, a[:5], torch.tensor([[0, 0, 0, 1]]), 8, False)
+    runs = a.T.reshape(8, 2, 5)  # 10 rows in two runs
+    with pytest.raises(RuntimeError, match="out holds other rows than a and b"):
+        kernel.bilinear_product_into(runs, runs, torch.tensor([[0, 0, 0, 1]]), torch.empty(8, 2, 4))
+    with pytest.raises(RuntimeError, match="entry 0 names a blade outside"):
+        kernel.bilinear_product_into(runs, runs, torch.tensor([[0, 0, 4, 1]]), torch.empty(4, 2, 5))
 
 
 @pytest.mark.parametrize("march", MARCHES)

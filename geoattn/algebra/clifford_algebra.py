@@ -261,6 +261,28 @@ class CliffordAlgebra:
         a, b = self._check_pair(a, b, "geometric_product")
         return self._bilinear(a, b, "geometric")
 
+    def geometric_product_of_halves(self, h: Tensor) -> Tensor:
+        """``left right`` of the two channel halves of ``h (..., 2H, dim)`` → ``(..., H, dim)`` (a layer
+        that makes both factors with one map). Stored blade by blade and large enough, one native kernel
+        call that writes both gradients where ``h`` keeps them (:class:`kernels.HalvesProduct`); else
+        the halves as views and :meth:`geometric_product`."""
+        if h.dim() < 2 or h.shape[-1] != self.dim or h.shape[-2] % 2:
+            shape, dim = tuple(h.shape), self.dim
+            raise ValueError(f"geometric_product_of_halves: h has shape {shape}, expected (..., 2H, {dim})")
+        per_blade = self.dim <= kernels.COMPILE_MAX_DIM
+        if (
+            per_blade
+            and self.compile
+            and not self._products.compile_failed
+            and not torch.compiler.is_compiling()
+            and kernels.takes_halves(h)
+        ):
+            return kernels.HalvesProduct.apply(h, self._products, "geometric")
+        # split with blades first: the split's backward (one cat) then writes the gradient blade by
+        # blade, the order in which the layer that made h reads it
+        left, right = (part.movedim(0, -1) for part in h.movedim(-1, 0).chunk(2, -1))
+        return self.geometric_product(left, right)
+
     def outer_product(self, a: Tensor, b: Tensor) -> Tensor:
         """``a ∧ b`` (wedge). ``(..., dim)`` × ``(..., dim)`` → ``(..., dim)``."""
         a, b = self._check_pair(a, b, "outer_product")

@@ -268,14 +268,18 @@ class CompiledProducts:
                 self.give_up(table, err, blades_first)
         return self.plain(table, blades_first)(a, b)
 
+    def native_entries(self, table: str) -> Tensor:
+        """``table`` as the native kernel reads it: ``(E, 4)`` int64 rows ``(i, j, k, sign)``."""
+        if table not in self._native_entries:
+            self._native_entries[table] = torch.tensor(self._entries(table), dtype=torch.int64).view(-1, 4)
+        return self._native_entries[table]
+
     def run_native(
         self, module: ModuleType, table: str, a: Tensor, b: Tensor, blades_first: bool = False
     ) -> Tensor:
         """``a ∘ b`` through ``module.bilinear_product`` (``geoattn.native``, ``products.h``): the same
         operands as :meth:`run` (contiguous ``(M, dim)`` rows, or ``(dim, ...)`` blade by blade)."""
-        if table not in self._native_entries:
-            self._native_entries[table] = torch.tensor(self._entries(table), dtype=torch.int64).view(-1, 4)
-        entries, out_dim = self._native_entries[table], self.widths(table)[2]
+        entries, out_dim = self.native_entries(table), self.widths(table)[2]
         if not blades_first:
             return module.bilinear_product(a, b, entries, out_dim, False)
         out = module.bilinear_product(_blade_runs(a), _blade_runs(b), entries, out_dim, True)
@@ -357,6 +361,56 @@ def products_for(
     if tag not in _SHARED:
         _SHARED[tag] = CompiledProducts(tables, dim, tag, widths)
     return _SHARED[tag]
+
+
+class HalvesProduct(torch.autograd.Function):
+    """``left ∘ right`` of the two channel halves of one blade-major ``h (..., 2H, dim)`` (a layer that
+    makes both operands with one map, as the geometric MLP) through the native kernel: ``(..., H, dim)``
+    stored blade by blade. Its backward writes both halves' gradients into one tensor laid out as ``h``
+    (``bilinear_product_into``), where a split's backward would concatenate them; under a higher
+    derivative it takes the differentiable form (:class:`CompiledBilinear` and a concatenation).
+    Callers check :func:`takes_halves` first."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, products: CompiledProducts, table: str) -> Tensor:
+        ctx.save_for_backward(h)
+        ctx.products, ctx.table = products, table
+        left, right = _halves(h.detach())
+        module = native_products(h)
+        return products.run_native(module, table, left, right, blades_first=True).movedim(0, -1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (h,) = ctx.saved_tensors
+        products, table = ctx.products, ctx.table
+        if torch.is_grad_enabled():  # create_graph: a derivative of this gradient will be taken
+            left, right = (x.movedim(0, -1) for x in _halves(h))
+            grad_left = CompiledBilinear.apply(grad, right, products, table + ".grad_a")
+            grad_right = CompiledBilinear.apply(left, grad, products, table + ".grad_b")
+            return torch.cat((grad_left, grad_right), -2), None, None
+        module = native_products(h)
+        dim, width = h.shape[-1], h.shape[-2]
+        out = h.new_empty(dim, h.numel() // (dim * width), width)  # (dim, rows, 2H): h's own order
+        out_left, out_right = out.chunk(2, -1)  # runs of H rows each, in place
+        g = _blade_runs(grad.movedim(-1, 0))
+        left, right = (_blade_runs(x) for x in _halves(h.detach()))
+        module.bilinear_product_into(g, right, products.native_entries(table + ".grad_a"), out_left)
+        module.bilinear_product_into(left, g, products.native_entries(table + ".grad_b"), out_right)
+        return out.view(dim, *h.shape[:-1]).movedim(0, -1), None, None
+
+
+def _halves(h: Tensor) -> tuple[Tensor, Tensor]:
+    """The two channel halves of ``h (..., 2H, dim)``, blades first: ``(dim, ..., H)`` views each."""
+    return h.movedim(-1, 0).chunk(2, -1)
+
+
+def takes_halves(h: Tensor) -> bool:
+    """Whether :class:`HalvesProduct` runs ``h (..., 2H, dim)``: stored blade by blade, enough rows for
+    the native kernel (:func:`takes_kernel`), and the native module built for its dtype and device."""
+    if h.shape[-2] % 2 or not is_blade_major(h) or native_products(h) is None:
+        return False
+    left, right = (x.movedim(0, -1) for x in _halves(h))
+    return takes_kernel(left, right)
 
 
 class CompiledBilinear(torch.autograd.Function):

@@ -393,13 +393,13 @@ class GeometricMLP(nn.Module):
         self.gate = GradeGate(algebra, hidden) if gate == "grades" else None
 
     def forward(self, x: Tensor, s: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        h, hs = self.inner(x, s)
-        # split with blades first: the split's backward (one cat) then writes the gradient blade by
-        # blade, the order in which `inner` reads it
-        left, right = (part.movedim(0, -1) for part in h.movedim(-1, 0).split(self.hidden, -1))
+        h, hs = self.inner(x, s)  # (..., 2 · hidden, dim): both factors from one map
         if self.product is None:
-            u = self.algebra.geometric_product(left, right)
+            u = self.algebra.geometric_product_of_halves(h)
         else:
+            # split with blades first: the split's backward (one cat) then writes the gradient blade
+            # by blade, the order in which `inner` reads it
+            left, right = (part.movedim(0, -1) for part in h.movedim(-1, 0).split(self.hidden, -1))
             u = self.product(left, right)
         if self.gate is None:
             # the gate from the scalar blade, read as the first slice of blades: its gradient (zero but

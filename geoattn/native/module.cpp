@@ -16,6 +16,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("frame_forward", &frame_forward, "the frame head's per-token transform, forward");
   m.def("frame_backward", &frame_backward, "the frame head's per-token transform, backward");
   m.def("bilinear_product", &bilinear_product, "a sparse bilinear product of multivectors (a Cayley table)");
+  m.def("bilinear_product_into", &bilinear_product_into, "the same, blade by blade, into given runs");
   m.attr("lanes") = kLanes;
   m.attr("isa") = kIsa;
   m.def("flushes_subnormals", &FlushSubnormals::active, "whether the calling thread flushes subnormals");

@@ -78,11 +78,15 @@ inline void store(const T* __restrict in, int64_t m0, int64_t n, const Strided<T
   if (x.blade == 1 && x.row == x.width && x.width == 16) return store_rows<16>(in, n, x.data + m0 * 16);
   for (int64_t i = 0; i < x.width; ++i) {
     const T* src = in + i * kRows;
-    T* dst = x.data + m0 * x.row + i * x.blade;
-    if (x.row == 1)
-      std::copy(src, src + n, dst);
-    else
-      for (int64_t r = 0; r < n; ++r) dst[r * x.row] = src[r];
+    for (int64_t r = 0, m = m0; r < n;) {  // run by run of contiguous rows, as `load` reads them
+      const int64_t rem = m % x.inner, run = std::min(n - r, x.inner - rem);
+      T* dst = x.data + (m / x.inner) * x.outer + rem * x.row + i * x.blade;
+      if (x.row == 1)
+        std::copy(src + r, src + r + run, dst);
+      else
+        for (int64_t t = 0; t < run; ++t) dst[t * x.row] = src[r + t];
+      r += run, m += run;
+    }
   }
 }
 
@@ -293,11 +297,12 @@ inline Strided<const T> operand(const torch::Tensor& x, bool blades_first, const
 
 }  // namespace products
 
-// a, b: (M, width) batch-major or, with blades_first, (width, G, inner) blade by blade (rows
-// m = g · inner + r; runs of inner rows contiguous, at any other strides); entries (E, 4) int64 rows
-// (i, j, k, sign); the result (M, out_dim) or (out_dim, M), contiguous, a's dtype (float32/float64).
-inline torch::Tensor bilinear_product(const torch::Tensor& a, const torch::Tensor& b,
-                                      const torch::Tensor& entries, int64_t out_dim, bool blades_first) {
+namespace products {
+
+// The checks both entry points share: dtypes, the table's form, the operands' shapes and rows, every
+// entry inside the operands' and the result's widths. The rows.
+inline int64_t checked_rows(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& entries,
+                            int64_t out_dim, bool blades_first) {
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "bilinear_product: a and b differ in dtype");
   TORCH_CHECK(entries.scalar_type() == torch::kInt64 && entries.dim() == 2 && entries.size(1) == 4 &&
                   entries.is_contiguous(),
@@ -313,6 +318,18 @@ inline torch::Tensor bilinear_product(const torch::Tensor& a, const torch::Tenso
     TORCH_CHECK(e[4 * n] >= 0 && e[4 * n] < width_a && e[4 * n + 1] >= 0 && e[4 * n + 1] < width_b &&
                     e[4 * n + 2] >= 0 && e[4 * n + 2] < out_dim,
                 "bilinear_product: entry ", n, " names a blade outside the operands' widths");
+  return rows;
+}
+
+}  // namespace products
+
+// a, b: (M, width) batch-major or, with blades_first, (width, G, inner) blade by blade (rows
+// m = g · inner + r; runs of inner rows contiguous, at any other strides); entries (E, 4) int64 rows
+// (i, j, k, sign); the result (M, out_dim) or (out_dim, M), contiguous, a's dtype (float32/float64).
+inline torch::Tensor bilinear_product(const torch::Tensor& a, const torch::Tensor& b,
+                                      const torch::Tensor& entries, int64_t out_dim, bool blades_first) {
+  const int64_t rows = products::checked_rows(a, b, entries, out_dim, blades_first);
+  const int64_t* e = entries.data_ptr<int64_t>();
   auto c = blades_first ? torch::empty({out_dim, rows}, a.options()) : torch::empty({rows, out_dim}, a.options());
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "bilinear_product", [&] {
     using T = scalar_t;
@@ -322,4 +339,25 @@ inline torch::Tensor bilinear_product(const torch::Tensor& a, const torch::Tenso
     products::run<T>(sa, sb, sc, rows, e, entries.size(0));
   });
   return c;
+}
+
+// The same product blade by blade, written into `out` (out_dim, G, inner) runs where they lie (a channel
+// slice of a larger blade-major tensor: a layer's gradient written where its concatenation would put
+// it); out's rows those of a and b. Returns out.
+inline torch::Tensor bilinear_product_into(const torch::Tensor& a, const torch::Tensor& b,
+                                           const torch::Tensor& entries, torch::Tensor out) {
+  TORCH_CHECK(out.scalar_type() == a.scalar_type(), "bilinear_product_into: out differs from a in dtype");
+  TORCH_CHECK(out.dim() == 3 && out.stride(2) == 1, "bilinear_product_into: out must be (out_dim, G, inner) runs");
+  const int64_t rows = products::checked_rows(a, b, entries, out.size(0), true);
+  TORCH_CHECK(out.size(1) * out.size(2) == rows, "bilinear_product_into: out holds other rows than a and b");
+  const int64_t inner = std::max<int64_t>(out.size(2), 1);
+  TORCH_CHECK(out.size(1) < 2 || out.stride(1) >= inner, "bilinear_product_into: out's runs overlap");
+  const int64_t* e = entries.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "bilinear_product_into", [&] {
+    using T = scalar_t;
+    const auto sa = products::operand<T>(a, true, "a"), sb = products::operand<T>(b, true, "b");
+    const products::Strided<T> sc{out.data_ptr<T>(), out.size(0), 1, out.stride(0), inner, out.stride(1)};
+    products::run<T>(sa, sb, sc, rows, e, entries.size(0));
+  });
+  return out;
 }
