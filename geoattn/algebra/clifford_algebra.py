@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from geoattn.algebra import kernels
+from geoattn.algebra.layout import channel_halves
 from geoattn.algebra.tables import build_tables
 
 MAX_DIMENSION = 6
@@ -278,10 +279,7 @@ class CliffordAlgebra:
             and kernels.takes_halves(h)
         ):
             return kernels.HalvesProduct.apply(h, self._products, "geometric")
-        # split with blades first: the split's backward (one cat) then writes the gradient blade by
-        # blade, the order in which the layer that made h reads it
-        left, right = (part.movedim(0, -1) for part in h.movedim(-1, 0).chunk(2, -1))
-        return self.geometric_product(left, right)
+        return self.geometric_product(*channel_halves(h))
 
     def outer_product(self, a: Tensor, b: Tensor) -> Tensor:
         """``a ∧ b`` (wedge). ``(..., dim)`` × ``(..., dim)`` → ``(..., dim)``."""

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from geoattn import native
-from geoattn.algebra.layout import is_blade_major
+from geoattn.algebra.layout import channel_halves, is_blade_major
 from geoattn.compile import worth_compiling
 
 Entries = Sequence[tuple[int, int, int, int]]  # (i, j, k, sign): e_i ∘ e_j = sign · e_k
@@ -384,7 +384,7 @@ class HalvesProduct(torch.autograd.Function):
         (h,) = ctx.saved_tensors
         products, table = ctx.products, ctx.table
         if torch.is_grad_enabled():  # create_graph: a derivative of this gradient will be taken
-            left, right = (x.movedim(0, -1) for x in _halves(h))
+            left, right = channel_halves(h)
             grad_left = CompiledBilinear.apply(grad, right, products, table + ".grad_a")
             grad_right = CompiledBilinear.apply(left, grad, products, table + ".grad_b")
             return torch.cat((grad_left, grad_right), -2), None, None
@@ -400,8 +400,9 @@ class HalvesProduct(torch.autograd.Function):
 
 
 def _halves(h: Tensor) -> tuple[Tensor, Tensor]:
-    """The two channel halves of ``h (..., 2H, dim)``, blades first: ``(dim, ..., H)`` views each."""
-    return h.movedim(-1, 0).chunk(2, -1)
+    """:func:`channel_halves` of ``h``, blades first: ``(dim, ..., H)`` views each."""
+    left, right = channel_halves(h)
+    return left.movedim(-1, 0), right.movedim(-1, 0)
 
 
 def takes_halves(h: Tensor) -> bool:
@@ -409,8 +410,7 @@ def takes_halves(h: Tensor) -> bool:
     the native kernel (:func:`takes_kernel`), and the native module built for its dtype and device."""
     if h.shape[-2] % 2 or not is_blade_major(h) or native_products(h) is None:
         return False
-    left, right = (x.movedim(0, -1) for x in _halves(h))
-    return takes_kernel(left, right)
+    return takes_kernel(*channel_halves(h))
 
 
 class CompiledBilinear(torch.autograd.Function):

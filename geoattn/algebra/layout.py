@@ -29,6 +29,14 @@ def is_blade_major(x: Tensor) -> bool:
     return x.dim() > 1 and x.stride(-1) > 1 and x.stride(-2) == 1 and x.stride(-1) == max(x.stride())
 
 
+def channel_halves(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The two channel halves of ``x (..., 2H, dim)`` as views ``(..., H, dim)``, cut blade by blade: a
+    split's backward (one concatenation) then writes the gradient in the order a :func:`blade_major`
+    ``x`` keeps it, the order the layer that made it reads."""
+    left, right = x.movedim(-1, 0).chunk(2, -1)
+    return left.movedim(0, -1), right.movedim(0, -1)
+
+
 class _BladeMajorGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:

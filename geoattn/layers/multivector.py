@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from geoattn.algebra import kernels
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
+from geoattn.algebra.layout import channel_halves
 
 
 def _check_mv(x: Tensor, algebra: CliffordAlgebra, channels: int, name: str, owner: str) -> None:
@@ -386,7 +387,6 @@ class GeometricMLP(nn.Module):
         self.algebra = algebra
         hidden = hidden or 2 * channels
         hidden_scalars = (hidden_scalars or 2 * scalars) if scalars else 0
-        self.hidden = hidden
         self.inner = EquiLinear(algebra, channels, 2 * hidden, scalars, hidden_scalars)
         self.outer = EquiLinear(algebra, hidden, channels, hidden_scalars, scalars)
         self.product = GradePathProduct(algebra, hidden) if paths else None
@@ -397,10 +397,7 @@ class GeometricMLP(nn.Module):
         if self.product is None:
             u = self.algebra.geometric_product_of_halves(h)
         else:
-            # split with blades first: the split's backward (one cat) then writes the gradient blade
-            # by blade, the order in which `inner` reads it
-            left, right = (part.movedim(0, -1) for part in h.movedim(-1, 0).split(self.hidden, -1))
-            u = self.product(left, right)
+            u = self.product(*channel_halves(h))
         if self.gate is None:
             # the gate from the scalar blade, read as the first slice of blades: its gradient (zero but
             # there) is laid out blade by blade like u's, so a blade-major u keeps a blade-major gradient
