@@ -53,21 +53,29 @@ inline void store_rows(const T* __restrict in, int64_t n, T* __restrict dst) {
     for (int i = 0; i < W; ++i) dst[r * W + i] = in[i * kRows + r];
 }
 
+// f(r, p, run) for each run of contiguous rows among rows m0 .. m0 + n of blade i: r the first row's
+// place in the block, p that row's address in x, run how many follow it in x's run.
+template <typename P, typename F>
+inline void each_run(const Strided<P>& x, int64_t i, int64_t m0, int64_t n, F&& f) {
+  for (int64_t r = 0, m = m0; r < n;) {
+    const int64_t rem = m % x.inner, run = std::min(n - r, x.inner - rem);
+    f(r, x.data + (m / x.inner) * x.outer + rem * x.row + i * x.blade, run);
+    r += run, m += run;
+  }
+}
+
 template <typename T>
 inline void load(const Strided<const T>& x, int64_t m0, int64_t n, T* __restrict out) {
   if (x.blade == 1 && x.row == x.width && x.width == 8) return load_rows<8>(x.data + m0 * 8, n, out);
   if (x.blade == 1 && x.row == x.width && x.width == 16) return load_rows<16>(x.data + m0 * 16, n, out);
   for (int64_t i = 0; i < x.width; ++i) {
     T* dst = out + i * kRows;
-    for (int64_t r = 0, m = m0; r < n;) {  // run by run of contiguous rows
-      const int64_t rem = m % x.inner, run = std::min(n - r, x.inner - rem);
-      const T* src = x.data + (m / x.inner) * x.outer + rem * x.row + i * x.blade;
+    each_run(x, i, m0, n, [&](int64_t r, const T* src, int64_t run) {
       if (x.row == 1)
         std::copy(src, src + run, dst + r);
       else
         for (int64_t t = 0; t < run; ++t) dst[r + t] = src[t * x.row];
-      r += run, m += run;
-    }
+    });
     std::fill(dst + n, dst + kRows, T(0));  // the last block's padding rows
   }
 }
@@ -78,15 +86,12 @@ inline void store(const T* __restrict in, int64_t m0, int64_t n, const Strided<T
   if (x.blade == 1 && x.row == x.width && x.width == 16) return store_rows<16>(in, n, x.data + m0 * 16);
   for (int64_t i = 0; i < x.width; ++i) {
     const T* src = in + i * kRows;
-    for (int64_t r = 0, m = m0; r < n;) {  // run by run of contiguous rows, as `load` reads them
-      const int64_t rem = m % x.inner, run = std::min(n - r, x.inner - rem);
-      T* dst = x.data + (m / x.inner) * x.outer + rem * x.row + i * x.blade;
+    each_run(x, i, m0, n, [&](int64_t r, T* dst, int64_t run) {
       if (x.row == 1)
         std::copy(src + r, src + r + run, dst);
       else
         for (int64_t t = 0; t < run; ++t) dst[t * x.row] = src[r + t];
-      r += run, m += run;
-    }
+    });
   }
 }
 
@@ -282,17 +287,19 @@ namespace products {
 // An operand's rows and blades as a Strided: (M, width) contiguous rows, or blade by blade a
 // (width, G, inner) view whose runs of `inner` rows are contiguous (M = G · inner rows, every run of
 // one blade apart from those of the others).
-template <typename T>
-inline Strided<const T> operand(const torch::Tensor& x, bool blades_first, const char* name) {
+// U: const T for an operand read, T for an output written.
+template <typename U>
+inline Strided<U> operand(const torch::Tensor& x, bool blades_first, const char* name) {
+  U* data = static_cast<U*>(x.data_ptr());
   if (!blades_first) {
     TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "bilinear_product: ", name, " must be contiguous (M, width)");
-    return {x.data_ptr<T>(), x.size(1), x.size(1), 1, std::max<int64_t>(x.size(0), 1), 0};
+    return {data, x.size(1), x.size(1), 1, std::max<int64_t>(x.size(0), 1), 0};
   }
   TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "bilinear_product: ", name,
               " must be (width, G, inner), each run of inner rows contiguous");
   const int64_t inner = std::max<int64_t>(x.size(2), 1);
   TORCH_CHECK(x.size(1) < 2 || x.stride(1) >= inner, "bilinear_product: ", name, "'s runs overlap");
-  return {x.data_ptr<T>(), x.size(0), 1, x.stride(0), inner, x.stride(1)};
+  return {data, x.size(0), 1, x.stride(0), inner, x.stride(1)};
 }
 
 }  // namespace products
@@ -333,7 +340,8 @@ inline torch::Tensor bilinear_product(const torch::Tensor& a, const torch::Tenso
   auto c = blades_first ? torch::empty({out_dim, rows}, a.options()) : torch::empty({rows, out_dim}, a.options());
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "bilinear_product", [&] {
     using T = scalar_t;
-    const auto sa = products::operand<T>(a, blades_first, "a"), sb = products::operand<T>(b, blades_first, "b");
+    const auto sa = products::operand<const T>(a, blades_first, "a");
+    const auto sb = products::operand<const T>(b, blades_first, "b");
     const int64_t row = blades_first ? 1 : out_dim, blade = blades_first ? rows : 1;
     const products::Strided<T> sc{c.data_ptr<T>(), out_dim, row, blade, std::max<int64_t>(rows, 1), 0};
     products::run<T>(sa, sb, sc, rows, e, entries.size(0));
@@ -347,17 +355,14 @@ inline torch::Tensor bilinear_product(const torch::Tensor& a, const torch::Tenso
 inline torch::Tensor bilinear_product_into(const torch::Tensor& a, const torch::Tensor& b,
                                            const torch::Tensor& entries, torch::Tensor out) {
   TORCH_CHECK(out.scalar_type() == a.scalar_type(), "bilinear_product_into: out differs from a in dtype");
-  TORCH_CHECK(out.dim() == 3 && out.stride(2) == 1, "bilinear_product_into: out must be (out_dim, G, inner) runs");
+  TORCH_CHECK(out.dim() == 3, "bilinear_product_into: out must be (out_dim, G, inner) runs");
   const int64_t rows = products::checked_rows(a, b, entries, out.size(0), true);
   TORCH_CHECK(out.size(1) * out.size(2) == rows, "bilinear_product_into: out holds other rows than a and b");
-  const int64_t inner = std::max<int64_t>(out.size(2), 1);
-  TORCH_CHECK(out.size(1) < 2 || out.stride(1) >= inner, "bilinear_product_into: out's runs overlap");
   const int64_t* e = entries.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "bilinear_product_into", [&] {
     using T = scalar_t;
-    const auto sa = products::operand<T>(a, true, "a"), sb = products::operand<T>(b, true, "b");
-    const products::Strided<T> sc{out.data_ptr<T>(), out.size(0), 1, out.stride(0), inner, out.stride(1)};
-    products::run<T>(sa, sb, sc, rows, e, entries.size(0));
+    const auto sa = products::operand<const T>(a, true, "a"), sb = products::operand<const T>(b, true, "b");
+    products::run<T>(sa, sb, products::operand<T>(out, true, "out"), rows, e, entries.size(0));
   });
   return out;
 }
