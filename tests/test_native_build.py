@@ -496,3 +496,47 @@ def test_every_bench_header_names_the_cpu_its_isa_the_blas_and_the_build(capsys)
 def test_the_header_says_when_the_kernels_are_off(monkeypatch):
     monkeypatch.setenv(native.NATIVE_ENV, "0")
     assert common.machine_header().splitlines()[1] == "native kernels: off (GEOATTN_NATIVE=0)"
+
+
+@pytest.mark.parametrize("march", MARCHES)
+def test_each_build_lays_out_the_rotor_heads_q_k_v(march):
+    """``rotor_qkv_forward`` / ``_backward`` (``rotor_qkv.h``) of each build against the torch form
+    (``rotor_qkv._torch_groups``, gradients by autograd): 8 and 16 blades, no action, one shared by the
+    batch and one per batch row, head groups in head order and out of it; float64 to rounding, float32
+    to its own; the projection's gradient written blade by blade, as the projection lays out its output."""
+    from geoattn.algebra.layout import blade_major
+    from geoattn.attention.rotor_qkv import _torch_groups
+
+    kernel = native.build(march).module
+    g = torch.Generator().manual_seed(5)
+    B, N, H, C = 3, 7, 4, 2
+    for dim in (8, 16):
+        for actions in (0, 1, B):
+            for groups in ([[0, 1], [2], [3]], [[0, 3], [1, 2]], [[0, 1, 2, 3]]):
+                qkv = blade_major(torch.randn(B, N, 3, H, C, dim, generator=g, dtype=F64)).requires_grad_()
+                action = torch.randn(actions, H, N, dim, dim, generator=g, dtype=F64) if actions else None
+                if action is not None:
+                    action.requires_grad_()
+                outs = [t for part in _torch_groups(qkv, action, groups) for t in part]
+                weights = [torch.randn(t.shape, generator=g, dtype=F64) for t in outs]
+                inputs = [qkv] + ([action] if action is not None else [])
+                expected = torch.autograd.grad(sum((t * w).sum() for t, w in zip(outs, weights)), inputs)
+                heads, sizes = [h for grp in groups for h in grp], [len(grp) for grp in groups]
+                shape = [B, N, H, C, dim]
+                for dtype in (F64, F32):
+                    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-5)
+                    x = qkv.detach().to(dtype).movedim(-1, 0).reshape(dim, -1)
+                    act = action.detach().to(dtype) if action is not None else torch.empty(0, dtype=dtype)
+                    got = kernel.rotor_qkv_forward(x, act, shape, heads, sizes)
+                    for a, e in zip(got, outs):
+                        assert a.is_contiguous() and a.shape == e.shape
+                        torch.testing.assert_close(a.double(), e.detach(), **tol)
+                    g_x, g_act = kernel.rotor_qkv_backward(
+                        x, act, [w.to(dtype) for w in weights], shape, heads, sizes
+                    )
+                    g_x = g_x.view(dim, B, N, 3, H, C).movedim(0, -1)  # blade by blade, as qkv
+                    torch.testing.assert_close(g_x.double(), expected[0], **tol)
+                    if action is not None:
+                        torch.testing.assert_close(g_act.double(), expected[1], **tol)
+                    else:
+                        assert g_act.numel() == 0

@@ -54,7 +54,7 @@ def test_a_registered_head_type_runs_everywhere(identity_head):
     # stays equivariant (α is invariant, v moves with the frame)
     layer = RotorAttention(CL3, 4, [identity_head, "rotation"], head_channels=2).double()
     qh, kh, vh = (torch.randn(3, 2, 6, 2, 8, dtype=torch.float64) for _ in range(3))
-    heads = layer._heads(qh, kh, vh, None)
+    heads = layer._heads([(t[:, :1] for t in (qh, kh, vh)), (t[:, 1:] for t in (qh, kh, vh))], None)
     none = dict(causal=False, inverse=False, key_mask=None, chunk_size=None)
     torch.testing.assert_close(heads[:, :1], identity_kernel(qh[:, :1], kh[:, :1], vh[:, :1], CL3, **none))
     x = torch.randn(3, 6, 4, 8, dtype=torch.float64)

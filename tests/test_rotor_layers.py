@@ -14,6 +14,7 @@ import geoattn.compile
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.layout import blade_major
 from geoattn.algebra.rotation import rotate_pairs
+from geoattn.attention import rotor_qkv
 from geoattn.attention.rotor_kernel import rotor_attention
 from geoattn.errors import ConfigError
 from geoattn.layers.multivector import (
@@ -418,26 +419,39 @@ HEAD_ORDERS = [(ROT, ROT, PROJ), (ROT, "frame"), (ROT, PROJ, ROT)]
 
 @pytest.mark.parametrize("heads", HEAD_ORDERS)
 @pytest.mark.parametrize("positional", [False, True])
-def test_head_groups_cut_by_one_split_as_by_slices(heads, positional):
-    """Head groups in head order are cut from q, k and v by one split (``_split_sizes``), out of order
-    by indexing; the split gives the values and gradients (inputs and weights) that slicing each group
-    gives, bit for bit, with and without the positional encoding."""
+def test_head_groups_cut_by_the_native_kernel_as_by_torch(heads, positional, monkeypatch):
+    """q, k and v cut into head groups (and moved by the positional encoding) by the native kernel
+    (``rotor_qkv``) give the layer the values and gradients (inputs and weights) of the torch form,
+    float64 to rounding, with the groups in head order and out of it, with and without positions."""
     torch.manual_seed(7)
     layer = RotorAttention(CL3, 3, list(heads), 2, scalars=2, causal=True, positional_encoding=positional)
     layer = layer.double()
-    assert (layer._split_sizes is None) == (heads[-1] == ROT)  # out of order: the indexing path
-    sliced = copy.deepcopy(layer)
-    sliced._split_sizes = None
+    assert layer._reorder == (heads[-1] == ROT)
     x, s = _inputs(CL3, torch.float64, N=6, C=3, S=2)
     t = torch.arange(6, dtype=torch.float64) if positional else None
     results = []
-    for model in (layer, sliced):
+    for use_native in (True, False):
+        if not use_native:
+            monkeypatch.setattr(rotor_qkv, "_native_ok", lambda *args: False)
         xi, si = x.clone().requires_grad_(), s.clone().requires_grad_()
-        y, ys = model(xi, si, positions=t)
+        y, ys = layer(xi, si, positions=t)
         (y.square().sum() + ys.square().sum()).backward()
-        results.append([y, ys, xi.grad, si.grad, *(p.grad for p in model.parameters())])
+        results.append([y, ys, xi.grad, si.grad, *(p.grad.clone() for p in layer.parameters())])
+        layer.zero_grad()
     for got, want in zip(*results):
-        assert torch.equal(got, want)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_qkv_groups_refuse_bad_inputs():
+    qkv = torch.randn(2, 5, 3, 4, 2, 8)
+    with pytest.raises(ValueError, match=r"qkv has shape \(2, 5, 12, 2, 8\)"):
+        rotor_qkv.qkv_groups(qkv.flatten(2, 3), None, [[0, 1, 2, 3]])
+    with pytest.raises(
+        ValueError, match=r"action has shape \(1, 4, 6, 8, 8\), expected \(1 or 2, 4, 5, 8, 8\)"
+    ):
+        rotor_qkv.qkv_groups(qkv, torch.randn(1, 4, 6, 8, 8), [[0, 1, 2, 3]])
+    with pytest.raises(ValueError, match="must hold each of the 4 heads once"):
+        rotor_qkv.qkv_groups(qkv, None, [[0, 1], [1, 2, 3]])
 
 
 # ------------------------------------------------------------------------------- model behaviour

@@ -14,6 +14,7 @@ from geoattn.algebra.clifford_algebra import CliffordAlgebra, cos_sinc
 from geoattn.algebra.layout import blade_major_grad
 from geoattn.attention.rotor_heads import HEADS, check_head_types
 from geoattn.attention.rotor_kernel import rotor_attention
+from geoattn.attention.rotor_qkv import qkv_groups
 from geoattn.compile import disabled
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
 
@@ -59,12 +60,16 @@ class RotorPositionalEncoding(nn.Module):
                 f"RotorPositionalEncoding: x has shape {tuple(x.shape)}, expected (B, {self.n_heads}, N, C, "
                 f"{self.algebra.dim})"
             )
-        if positions.shape[-1] != x.shape[2] or positions.dim() not in (1, 2):
+        self.check_positions(positions, x.shape[2])
+        return x @ self.action(positions, x.dtype).transpose(-1, -2)
+
+    def check_positions(self, positions: Tensor, n: int) -> None:
+        """A ValueError unless ``positions`` is ``(n,)`` or ``(B, n)``."""
+        if positions.shape[-1] != n or positions.dim() not in (1, 2):
             raise ValueError(
                 f"RotorPositionalEncoding: positions has shape {tuple(positions.shape)}, expected (N,) or "
-                f"(B, N) with N = {x.shape[2]}"
+                f"(B, N) with N = {n}"
             )
-        return x @ self.action(positions, x.dtype).transpose(-1, -2)
 
     def action(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
         """The matrix of ``x ↦ R_h(t) x R̃_h(t)``: positions ``(N,)`` / ``(B, N)`` →
@@ -96,15 +101,6 @@ class RotorPositionalEncoding(nn.Module):
         index = torch.tensor(self.bivector_index, device=self.bivectors.device)
         zeros = self.bivectors.new_zeros(self.n_heads, self.algebra.dim).to(dtype)
         return zeros.index_copy(-1, index, self.bivectors.to(dtype))
-
-    def rotate_qk(self, qk: Tensor, positions: Tensor) -> Tensor:
-        """Queries and keys together, as the attention's projection lays them out: ``qk (B, N, 2, H, C,
-        dim)`` → the same shape. The same maths as ``forward`` on each, with one action for both and one
-        batched product per (head, position) over all batch rows and channels."""
-        action = self.action(positions, qk.dtype)
-        if action.shape[0] == 1:
-            return torch.einsum("bnshca,hnda->bnshcd", qk, action[0])
-        return torch.einsum("bnshca,bhnda->bnshcd", qk, action)
 
 
 class RotorAttention(nn.Module):
@@ -165,16 +161,14 @@ class RotorAttention(nn.Module):
         self.grade_gain = nn.Parameter(torch.ones(H, algebra.n + 1))
         self.out = EquiLinear(algebra, H * head_channels, channels, 0, scalars)
         self.positional = RotorPositionalEncoding(algebra, H) if positional_encoding else None
-        # heads of one type run together; `order` puts their outputs back in head order (skipped where
-        # they are in order already); a group of consecutive heads is a slice (a view, no copy)
-        groups = {t: [h for h, ht in enumerate(head_types) if ht == t] for t in dict.fromkeys(head_types)}
-        self.groups = {t: _as_slice(idx) for t, idx in groups.items()}
-        concat = [h for idx in groups.values() for h in idx]
+        # heads of one type run together (`rotor_qkv.qkv_groups` cuts q, k and v so); `order` puts their
+        # outputs back in head order, skipped where they are in order already
+        self.groups = {
+            t: [h for h, ht in enumerate(head_types) if ht == t] for t in dict.fromkeys(head_types)
+        }
+        concat = [h for idx in self.groups.values() for h in idx]
         self.register_buffer("order", torch.argsort(torch.tensor(concat)), persistent=False)
         self._reorder = concat != sorted(concat)
-        # groups in head order, each consecutive (the default head cycles): q, k and v cut by one split,
-        # whose backward is one concatenation, where a slice per group costs a zero-filled gradient each
-        self._split_sizes = None if self._reorder else [len(idx) for idx in groups.values()]
 
     def forward(
         self, x: Tensor, s: Tensor | None = None, mask: Tensor | None = None, positions: Tensor | None = None
@@ -186,15 +180,13 @@ class RotorAttention(nn.Module):
         qkv, _ = self.qkv(x, s)  # (B, N, 3·H·Ch, dim)
         # the heads hand back q, k and v's gradients in the default order; one turn for the map's GEMMs
         qkv = blade_major_grad(qkv).view(B, N, 3, H, Ch, -1)
+        action = None
         if self.positional is not None:
             if positions is None:
                 raise ValueError("RotorAttention: positional_encoding=True needs positions")
-            qk, v = qkv.split((2, 1), dim=2)  # a split, not slices: see `_split_sizes`
-            q, k = self.positional.rotate_qk(qk, positions).permute(2, 0, 3, 1, 4, 5)
-            v = v.squeeze(2).transpose(1, 2)
-        else:
-            q, k, v = qkv.permute(2, 0, 3, 1, 4, 5)  # each (B, H, N, Ch, dim)
-        o = self._heads(q, k, v, mask)  # (B, H, N, Ch, dim) in head order
+            self.positional.check_positions(positions, N)
+            action = self.positional.action(positions, qkv.dtype)  # (B|1, H, N, dim, dim)
+        o = self._heads(qkv_groups(qkv, action, list(self.groups.values())), mask)  # (B, H, N, Ch, dim)
         # the heads' channels side by side, stored blade by blade (`blade_major`): one copy, which the
         # output map then reads as it is; the per-head grade gains fold into its weights
         o = o.permute(4, 0, 2, 1, 3).reshape(-1, B, N, H * Ch).permute(1, 2, 3, 0)
@@ -205,15 +197,9 @@ class RotorAttention(nn.Module):
     # `geoattn bench lm --models rotor --compile on`), while the kernel compiled on its own, and the
     # layer with the kernel left out, are exact. The kernel compiles its own block kernels either way.
     @disabled
-    def _heads(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """Each group of heads of one type through :func:`rotor_attention`; ``(B, H, N, Ch, dim)``."""
-        if len(self.groups) == 1:  # one head type: no split (a split of one still concatenates its gradient)
-            parts = [(q, k, v)]
-        elif self._split_sizes is not None:
-            sizes = self._split_sizes
-            parts = zip(q.split(sizes, 1), k.split(sizes, 1), v.split(sizes, 1))
-        else:
-            parts = ((q[:, idx], k[:, idx], v[:, idx]) for idx in self.groups.values())
+    def _heads(self, parts: list[tuple[Tensor, Tensor, Tensor]], mask: Tensor | None) -> Tensor:
+        """Each group of heads of one type (``parts``: its q, k, v ``(B, H_g, N, Ch, dim)``, in the order
+        of ``groups``) through :func:`rotor_attention`; ``(B, H, N, Ch, dim)`` in head order."""
         outs = [
             rotor_attention(
                 qg,
@@ -230,13 +216,6 @@ class RotorAttention(nn.Module):
         ]
         o = torch.cat(outs, 1) if len(outs) > 1 else outs[0]
         return o[:, self.order] if self._reorder else o
-
-
-def _as_slice(heads: list[int]) -> slice | list[int]:
-    """``heads`` as a slice where they are consecutive (indexing by it is a view), else the list."""
-    if heads == list(range(heads[0], heads[-1] + 1)):
-        return slice(heads[0], heads[-1] + 1)
-    return heads
 
 
 class RotorBlock(nn.Module):

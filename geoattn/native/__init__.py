@@ -11,6 +11,9 @@
   scratch the attention then reads from cache) and their gradients as soon as its backward is done.
 * ``frame_forward`` / ``frame_backward`` (``frame.h``): the rotor frame head's per-token transform
   (Gram–Schmidt frame, its rotation's action on Cl(3), applied to every channel) in one pass.
+* ``rotor_qkv_forward`` / ``rotor_qkv_backward`` (``rotor_qkv.h``): rotor attention's q, k and v cut
+  into head groups, laid out as the heads read them, q and k moved by the rotor positional encoding
+  (``geoattn.attention.rotor_qkv``).
 * ``bilinear_product`` (``products.h``): a sparse bilinear product of multivectors from its Cayley
   table given at run time (``geoattn.algebra.kernels``: the large eager batches of the geometric
   product and its gradients, in either memory order).

@@ -5,6 +5,7 @@
 
 #include "frame.h"
 #include "products.h"
+#include "rotor_qkv.h"
 #include "rt_lag.h"
 #include "rt_qkv.h"
 
@@ -15,6 +16,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rt_qkv_backward", &rt_qkv_backward, "RT-Filter attention from the fused projection, backward");
   m.def("frame_forward", &frame_forward, "the frame head's per-token transform, forward");
   m.def("frame_backward", &frame_backward, "the frame head's per-token transform, backward");
+  m.def("rotor_qkv_forward", &rotor_qkv_forward, "rotor attention's q, k, v per head group, positions applied");
+  m.def("rotor_qkv_backward", &rotor_qkv_backward, "the same, backward");
   m.def("bilinear_product", &bilinear_product, "a sparse bilinear product of multivectors (a Cayley table)");
   m.def("bilinear_product_into", &bilinear_product_into, "the same, blade by blade, into given runs");
   m.attr("lanes") = kLanes;
