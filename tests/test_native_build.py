@@ -540,3 +540,38 @@ def test_each_build_lays_out_the_rotor_heads_q_k_v(march):
                         torch.testing.assert_close(g_act.double(), expected[1], **tol)
                     else:
                         assert g_act.numel() == 0
+
+
+@pytest.mark.parametrize("march", MARCHES)
+def test_each_build_runs_the_grade_norm_of_the_torch_form(march):
+    """``grade_norm_forward`` / ``_backward`` (``grade_norm.h``) of each build against GradeLayerNorm's
+    torch form (gradients by autograd): Cl(3) and PGA (null blades, a grade of them alone), per grade
+    and joint, either memory order and a gradient in the other one; float64 to rounding, float32 to its
+    own."""
+    from geoattn.algebra import CliffordAlgebra
+    from geoattn.algebra.layout import blade_major
+    from geoattn.layers.multivector import GradeLayerNorm
+
+    kernel = native.build(march).module
+    g = torch.Generator().manual_seed(6)
+    for signature in ((3, 0, 0), (3, 0, 1)):
+        ga = CliffordAlgebra(*signature)
+        for per_grade in (True, False):
+            norm = GradeLayerNorm(ga, per_grade=per_grade).double()
+            gain = torch.randn(ga.n + 1, generator=g, dtype=F64).requires_grad_()
+            x = torch.randn(40, 6, ga.dim, generator=g, dtype=F64)
+            grad = torch.randn(40, 6, ga.dim, generator=g, dtype=F64)
+            for x_in, grad_in in ((x, blade_major(grad)), (blade_major(x), grad)):
+                xr = x_in.clone().requires_grad_()
+                y = norm.reference(xr, gain)
+                expected = torch.autograd.grad(y, (xr, gain), grad_in)
+                for dtype in (F64, F32):
+                    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-4, atol=1e-5)
+                    xd, gd, gaind = x_in.to(dtype), grad_in.to(dtype), gain.detach().to(dtype)
+                    args = (*norm._tables, per_grade, norm.eps)
+                    out = kernel.grade_norm_forward(xd, gaind, *args)
+                    assert out.stride() == xd.stride()
+                    torch.testing.assert_close(out.double(), y.detach(), **tol)
+                    g_x, g_gain = kernel.grade_norm_backward(xd, gaind, gd, *args)
+                    torch.testing.assert_close(g_x.double(), expected[0], **tol)
+                    torch.testing.assert_close(g_gain.sum(0).double(), expected[1], **tol)

@@ -228,6 +228,36 @@ def test_layers_give_the_same_in_either_memory_order(ga):
             assert _rel(a, b) < 1e-12
 
 
+@pytest.mark.parametrize("ga", [CL3, PGA, CliffordAlgebra(4, 0, 0)], ids=ids)
+@pytest.mark.parametrize("per_grade", [True, False])
+def test_grade_norm_native_kernel_equals_its_torch_form(ga, per_grade):
+    """GradeLayerNorm through the native kernel (``grade_norm.h``) against its torch form
+    (``reference``): values, ∂x and ∂gain in float64 to rounding, in either memory order (the output
+    and ∂x keep x's), random gains (one negative); a second derivative (the molecule model's forces)
+    through the kernel's backward as through the torch form's; and a tensor whose leading dims do not
+    merge (a transposed batch) takes the torch form."""
+    torch.manual_seed(4)
+    norm = GradeLayerNorm(ga, per_grade=per_grade).double()
+    with torch.no_grad():
+        norm.gain.copy_(torch.randn(ga.n + 1))
+    w = torch.randn(3, 5, 4, ga.dim, dtype=torch.float64)
+    for x in (torch.randn(3, 5, 4, ga.dim, dtype=torch.float64), blade_major(torch.randn(3, 5, 4, ga.dim))):
+        x = x.double().requires_grad_()
+        results = []
+        for forward in (norm, lambda t: norm.reference(t, norm.gain)):
+            y = forward(x)
+            g_x, g_gain = torch.autograd.grad((y * w).sum(), (x, norm.gain), create_graph=True)
+            (hess,) = torch.autograd.grad(g_x.square().sum(), x)
+            results.append((y, g_x, g_gain, hess))
+        (g_plain,) = torch.autograd.grad((norm(x) * w).sum(), x)  # the kernel's own backward
+        assert results[0][0].stride() == x.stride() and g_plain.stride() == x.stride()
+        torch.testing.assert_close(g_plain, results[1][1], rtol=1e-12, atol=1e-12)
+        for got, want in zip(*results):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    x = torch.randn(5, 3, 4, ga.dim, dtype=torch.float64).transpose(0, 1)  # leading dims not mergeable
+    torch.testing.assert_close(norm(x), norm.reference(x, norm.gain), rtol=0, atol=0)
+
+
 def test_equilinear_input_gains_equal_scaling_the_input_grades():
     """``in_gain[c, k]`` folded into the weights == multiplying grade k of channel c first (values,
     scalar outputs and gradients; PGA, so the e0 path too)."""

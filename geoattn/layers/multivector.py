@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from geoattn import native
 from geoattn.algebra import kernels
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.layout import channel_halves
@@ -137,6 +138,8 @@ class GradeLayerNorm(nn.Module):
         self.register_buffer("metric", metric.float(), persistent=False)
         normable = (onehot * metric.abs()[:, None]).sum(0) > 0  # (G,)
         self.register_buffer("normable", normable, persistent=False)
+        # the native kernel's tables (CPU): each blade's grade and its metric in float64
+        self._tables = (grades.long().cpu(), metric.double().cpu(), normable.cpu())
         self.gain = nn.Parameter(torch.ones(algebra.n + 1))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -144,14 +147,63 @@ class GradeLayerNorm(nn.Module):
             raise ValueError(
                 f"GradeLayerNorm: x has shape {tuple(x.shape)}, expected (..., C, {self.algebra.dim})"
             )
+        tokens = _tokens_view(x)
+        if (
+            tokens is not None
+            and not torch.compiler.is_compiling()
+            and kernels.native_products(x) is not None
+        ):
+            return _GradeNorm.apply(tokens, self.gain, self).view(x.shape)
+        return self.reference(x, self.gain)
+
+    def reference(self, x: Tensor, gain: Tensor) -> Tensor:
+        """The same in torch operators (other devices and dtypes, compiled graphs, second derivatives)."""
         onehot = self.grade_onehot.to(x.dtype)
-        gain = self.gain.to(x.dtype)
+        gain = gain.to(x.dtype)
         sq = ((x * x * self.metric.to(x.dtype)).mean(-2) @ onehot).abs()  # (..., G): per-grade mean ⟨x̃x⟩₀
         if self.per_grade:
             scale = torch.where(self.normable, torch.rsqrt(sq + self.eps), torch.ones_like(sq)) * gain
         else:
             scale = torch.rsqrt(sq.sum(-1, keepdim=True) + self.eps) * gain
         return x * (scale @ onehot.t()).unsqueeze(-2)
+
+
+def _tokens_view(x: Tensor) -> Tensor | None:
+    """``x (..., C, dim)`` as ``(M, C, dim)`` without a copy (both memory orders), or None where its
+    leading dims cannot be merged so."""
+    try:
+        return x.view(-1, *x.shape[-2:])
+    except RuntimeError:
+        return None
+
+
+class _GradeNorm(torch.autograd.Function):
+    """:class:`GradeLayerNorm` of ``x (M, C, dim)`` through the native kernel (``grade_norm.h``): one
+    pass over the tokens each way, the output and ∂x laid out as x. Under a second derivative (the
+    molecule model's forces) the backward takes the torch form's gradient, differentiably."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, gain: Tensor, layer: GradeLayerNorm) -> Tensor:
+        ctx.save_for_backward(x, gain)
+        ctx.layer = layer
+        return native.cpu_kernels().grade_norm_forward(
+            x, gain.to(x.dtype).contiguous(), *layer._tables, layer.per_grade, layer.eps
+        )
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, gain = ctx.saved_tensors
+        layer = ctx.layer
+        if torch.is_grad_enabled():  # create_graph: a derivative of this gradient will be taken
+            with torch.enable_grad():
+                y = layer.reference(x, gain)
+            wanted = [t for t, need in zip((x, gain), ctx.needs_input_grad) if need]
+            grads = iter(torch.autograd.grad(y, wanted, grad, create_graph=True))
+            return *(next(grads) if need else None for need in ctx.needs_input_grad[:2]), None
+        g_x, g_gain = native.cpu_kernels().grade_norm_backward(
+            x, gain.to(x.dtype).contiguous(), grad, *layer._tables, layer.per_grade, layer.eps
+        )
+        return g_x, g_gain.sum(0).to(gain.dtype), None
 
 
 class EquiLinear(nn.Module):

@@ -11,6 +11,8 @@
   scratch the attention then reads from cache) and their gradients as soon as its backward is done.
 * ``frame_forward`` / ``frame_backward`` (``frame.h``): the rotor frame head's per-token transform
   (Gram–Schmidt frame, its rotation's action on Cl(3), applied to every channel) in one pass.
+* ``grade_norm_forward`` / ``grade_norm_backward`` (``grade_norm.h``): the rotor layers' grade-wise
+  layer norm (``GradeLayerNorm``) in one pass over the tokens each way, in either memory order.
 * ``rotor_qkv_forward`` / ``rotor_qkv_backward`` (``rotor_qkv.h``): rotor attention's q, k and v cut
   into head groups, laid out as the heads read them, q and k moved by the rotor positional encoding
   (``geoattn.attention.rotor_qkv``).

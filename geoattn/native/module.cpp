@@ -4,6 +4,7 @@
 // calling thread flushes now; the kernels set their own mode and restore the caller's).
 
 #include "frame.h"
+#include "grade_norm.h"
 #include "products.h"
 #include "rotor_qkv.h"
 #include "rt_lag.h"
@@ -16,6 +17,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rt_qkv_backward", &rt_qkv_backward, "RT-Filter attention from the fused projection, backward");
   m.def("frame_forward", &frame_forward, "the frame head's per-token transform, forward");
   m.def("frame_backward", &frame_backward, "the frame head's per-token transform, backward");
+  m.def("grade_norm_forward", &grade_norm_forward, "GradeLayerNorm, forward");
+  m.def("grade_norm_backward", &grade_norm_backward, "GradeLayerNorm, backward");
   m.def("rotor_qkv_forward", &rotor_qkv_forward, "rotor attention's q, k, v per head group, positions applied");
   m.def("rotor_qkv_backward", &rotor_qkv_backward, "the same, backward");
   m.def("bilinear_product", &bilinear_product, "a sparse bilinear product of multivectors (a Cayley table)");
