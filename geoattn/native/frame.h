@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "fpmode.h"
+#include "multivector_lanes.h"
 
 namespace frame {
 
@@ -99,41 +100,8 @@ inline void unnormalise(const double* unit, double n, bool radial, double* g) {
   for (int i = 0; i < 3; ++i) g[i] = (g[i] - along * unit[i]) / n;
 }
 
-// Eight coordinates of a multivector as one SIMD value: a row times M is then eight broadcast
-// multiply-adds, Σ_i row_i M_i (M_i the rows of M).
-// (per type: GCC ignores vector_size on a dependent alias)
 template <typename T>
-struct Vec8;
-template <>
-struct Vec8<float> {
-  typedef float type __attribute__((vector_size(32)));
-};
-template <>
-struct Vec8<double> {
-  typedef double type __attribute__((vector_size(64)));
-};
-template <typename T>
-using Lanes8 = typename Vec8<T>::type;
-
-template <typename T>
-inline Lanes8<T> load8(const T* p) {
-  Lanes8<T> x;
-  std::memcpy(&x, p, sizeof(x));
-  return x;
-}
-
-template <typename T>
-inline void store8(T* p, Lanes8<T> x) {
-  std::memcpy(p, &x, sizeof(x));
-}
-
-// x M for the row vector x (8) and M given by its rows
-template <typename T>
-inline Lanes8<T> times(const T* x, const Lanes8<T>* rows) {
-  Lanes8<T> acc = rows[0] * x[0];
-  for (int i = 1; i < 8; ++i) acc += rows[i] * x[i];
-  return acc;
-}
+using Lanes8 = mv_lanes::V<T, 8>;
 
 template <typename T>
 void forward_impl(const T* frames, int64_t c, int64_t vec, const T* m, const T* t0, const Sparse<T>& sp, T* out,
@@ -145,9 +113,9 @@ void forward_impl(const T* frames, int64_t c, int64_t vec, const T* m, const T* 
     for (int64_t t = begin; t < end; ++t) {
       const T* c0 = frames + t * c * 8 + vec;
       sp.action(axes(c0, c0 + 8, static_cast<double>(eps)), t0, mat);
-      for (int i = 0; i < 8; ++i) rows[i] = load8(mat + 8 * i);
+      for (int i = 0; i < 8; ++i) rows[i] = mv_lanes::load<T, 8>(mat + 8 * i);
       for (int64_t ch = 0; ch < cv; ++ch)  // out_c = m_c M
-        store8(out + (t * cv + ch) * 8, times(m + (t * cv + ch) * 8, rows));
+        mv_lanes::store<T, 8>(out + (t * cv + ch) * 8, mv_lanes::combine<T, 8>(m + (t * cv + ch) * 8, rows));
     }
   });
 }
@@ -166,15 +134,15 @@ void backward_impl(const T* frames, int64_t c, int64_t vec, const T* m, const T*
       sp.action(f, t0, mat);
       for (int i = 0; i < 8; ++i)
         for (int j = 0; j < 8; ++j) mat_t[j * 8 + i] = mat[i * 8 + j];
-      for (int j = 0; j < 8; ++j) cols[j] = load8(mat_t + 8 * j), g_rows[j] = Lanes8<T>{};
+      for (int j = 0; j < 8; ++j) cols[j] = mv_lanes::load<T, 8>(mat_t + 8 * j), g_rows[j] = Lanes8<T>{};
       for (int64_t ch = 0; ch < cv; ++ch) {  // ∂m_c = ∂out_c Mᵀ, ∂M = Σ_c m_cᵀ ∂out_c
         const T* row = m + (t * cv + ch) * 8;
         const T* go = g_out + (t * cv + ch) * 8;
-        store8(g_m + (t * cv + ch) * 8, times(go, cols));
-        const Lanes8<T> go8 = load8(go);
+        mv_lanes::store<T, 8>(g_m + (t * cv + ch) * 8, mv_lanes::combine<T, 8>(go, cols));
+        const Lanes8<T> go8 = mv_lanes::load<T, 8>(go);
         for (int i = 0; i < 8; ++i) g_rows[i] += go8 * row[i];
       }
-      for (int i = 0; i < 8; ++i) store8(g_mat + 8 * i, g_rows[i]);
+      for (int i = 0; i < 8; ++i) mv_lanes::store<T, 8>(g_mat + 8 * i, g_rows[i]);
       double ga[9];  // ∂axes_a = ⟨T_a, ∂M⟩, and the frame's backward in double like its forward
       for (int k = 0; k < 9; ++k) {
         double acc = 0;

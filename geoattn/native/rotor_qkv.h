@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "fpmode.h"
+#include "multivector_lanes.h"
 
 namespace rotor_qkv {
 
@@ -58,54 +59,15 @@ inline int64_t out_at(const Shape& sh, const Place& p, int64_t b, int64_t n) {
   return ((b * p.size + p.slot) * sh.n + n) * sh.c * sh.d;
 }
 
-// D coordinates of a multivector as one SIMD value (per type: GCC ignores vector_size on a dependent
-// alias); a row times a D × D matrix is then D broadcast multiply-adds of its rows.
-template <typename T, int D>
-struct Vec;
-template <>
-struct Vec<float, 8> {
-  typedef float type __attribute__((vector_size(32)));
-};
-template <>
-struct Vec<float, 16> {
-  typedef float type __attribute__((vector_size(64)));
-};
-template <>
-struct Vec<double, 8> {
-  typedef double type __attribute__((vector_size(64)));
-};
-template <>
-struct Vec<double, 16> {
-  typedef double type __attribute__((vector_size(128)));
-};
-
-template <typename T, int D>
-struct Lanes {
-  using V = typename Vec<T, D>::type;
-  static V load(const T* p) {
-    V x;
-    std::memcpy(&x, p, sizeof(x));
-    return x;
-  }
-  static void store(T* p, V x) { std::memcpy(p, &x, sizeof(x)); }
-  // Σ_i w_i rows_i
-  static V combine(const T* w, const V* rows) {
-    V acc = rows[0] * w[0];
-    for (int i = 1; i < D; ++i) acc += rows[i] * w[i];
-    return acc;
-  }
-};
-
 // The action of one (batch row, head, position) as rows of Aᵀ (out = Σ_a in_a Aᵀ_a) and of A.
 template <typename T, int D>
 struct Action {
-  using L = Lanes<T, D>;
-  typename L::V cols[D], rows[D];
+  mv_lanes::V<T, D> cols[D], rows[D];
   void load(const T* A) {
     T t[D * D];
     for (int e = 0; e < D; ++e)
       for (int a = 0; a < D; ++a) t[a * D + e] = A[e * D + a];
-    for (int i = 0; i < D; ++i) cols[i] = L::load(t + i * D), rows[i] = L::load(A + i * D);
+    for (int i = 0; i < D; ++i) cols[i] = mv_lanes::load<T, D>(t + i * D), rows[i] = mv_lanes::load<T, D>(A + i * D);
   }
 };
 
@@ -141,7 +103,6 @@ struct Tile {
 template <typename T, int D>
 void forward_impl(const Shape& sh, const T* x, const T* action, const std::vector<Place>& at,
                   const std::vector<T*>& outs) {
-  using L = Lanes<T, D>;
   at::parallel_for(0, items(sh), sh.actions == 1 ? 1 : 16, [&](int64_t begin, int64_t end) {
     const FlushSubnormals mode;
     std::vector<Action<T, D>> acts(sh.actions ? sh.h : 0);
@@ -162,7 +123,7 @@ void forward_impl(const Shape& sh, const T* x, const T* action, const std::vecto
             for (int64_t ch = 0; ch < sh.c; ++ch, out += D) {
               for (int a = 0; a < D; ++a) in[a] = src[a * tile.width + ch];
               if (s < 2 && sh.actions)
-                L::store(out, L::combine(in, acts[head].cols));  // out = A in
+                mv_lanes::store<T, D>(out, mv_lanes::combine<T, D>(in, acts[head].cols));  // out = A in
               else
                 std::memcpy(out, in, sizeof(in));
             }
@@ -175,12 +136,11 @@ void forward_impl(const Shape& sh, const T* x, const T* action, const std::vecto
 template <typename T, int D>
 void backward_impl(const Shape& sh, const T* x, const T* action, const std::vector<Place>& at,
                    const std::vector<const T*>& grads, T* g_x, T* g_action) {
-  using L = Lanes<T, D>;
   at::parallel_for(0, items(sh), sh.actions == 1 ? 1 : 16, [&](int64_t begin, int64_t end) {
     const FlushSubnormals mode;
     const int64_t heads = sh.actions ? sh.h : 0;
     std::vector<Action<T, D>> acts(heads);
-    std::vector<typename L::V> g_rows(heads * D);  // ∂A of each head, row by row
+    std::vector<mv_lanes::V<T, D>> g_rows(heads * D);  // ∂A of each head, row by row
     Tile<T, D> tile(sh), g_tile(sh);
     T in[D], g[D], gin[D];
     for (int64_t item = begin; item < end; ++item) {
@@ -188,7 +148,7 @@ void backward_impl(const Shape& sh, const T* x, const T* action, const std::vect
       rows_of(sh, item, n, b0, b1);
       const int64_t first = b0 * (sh.actions > 1) * sh.h * sh.n * D * D + n * D * D;  // head 0's action
       for (int64_t head = 0; head < heads; ++head) acts[head].load(action + first + head * sh.n * D * D);
-      std::fill(g_rows.begin(), g_rows.end(), typename L::V{});
+      std::fill(g_rows.begin(), g_rows.end(), mv_lanes::V<T, D>{});
       for (int64_t b = b0; b < b1; ++b) {
         if (heads) tile.read(x, b * sh.n + n);
         for (int64_t s = 0; s < 3; ++s)
@@ -203,17 +163,17 @@ void backward_impl(const Shape& sh, const T* x, const T* action, const std::vect
                 continue;
               }
               std::memcpy(g, go, sizeof(g));
-              L::store(gin, L::combine(g, acts[head].rows));  // ∂in = Aᵀ ∂out
+              mv_lanes::store<T, D>(gin, mv_lanes::combine<T, D>(g, acts[head].rows));  // ∂in = Aᵀ ∂out
               const T* src = &tile.rows[col + ch];
               for (int a = 0; a < D; ++a) in[a] = src[a * tile.width], dst[a * tile.width] = gin[a];
-              const typename L::V in_v = L::load(in);
+              const mv_lanes::V<T, D> in_v = mv_lanes::load<T, D>(in);
               for (int e = 0; e < D; ++e) g_rows[head * D + e] += in_v * g[e];  // ∂A[e, :] += ∂out_e in
             }
           }
         g_tile.write(g_x, b * sh.n + n);
       }
       for (int64_t head = 0; head < heads; ++head)
-        for (int e = 0; e < D; ++e) L::store(g_action + first + head * sh.n * D * D + e * D, g_rows[head * D + e]);
+        for (int e = 0; e < D; ++e) mv_lanes::store<T, D>(g_action + first + head * sh.n * D * D + e * D, g_rows[head * D + e]);
     }
   });
 }
