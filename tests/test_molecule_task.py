@@ -85,6 +85,41 @@ def test_forces_are_the_negative_energy_gradient(water):
         torch.testing.assert_close(forces[:, atom, axis], numeric, rtol=1e-5, atol=1e-6)
 
 
+def test_force_loss_gradients_are_the_same_with_the_native_kernels_off(water, monkeypatch):
+    """Training takes a derivative of the forces (the force loss's parameter gradients: a second
+    derivative of the energy), through every native kernel the rotor model runs on the CPU (its q, k, v
+    per head group, the grade norm, the geometric MLP's products), whose own backwards are first
+    derivatives only: each must hand a second derivative to its torch form. The same gradients with
+    the kernels switched off, in float64."""
+    from geoattn.algebra import kernels
+    from geoattn.attention import rotor_qkv
+    from geoattn.layers import multivector
+
+    model = _model(water).double().train()
+    x, _ = water.split("val", torch.float64)
+    numbers, positions = x[:2, :, 0], x[:2, :, 1:]
+
+    def grads():
+        energy, forces = model.energy_and_forces(numbers, positions, create_graph=True)
+        loss = forces.pow(2).sum() + energy.pow(2).sum()
+        return torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+
+    native = grads()
+    monkeypatch.setattr(rotor_qkv, "_native_ok", lambda *args: False)
+    monkeypatch.setattr(multivector.GradeLayerNorm, "forward", lambda self, x: self.reference(x, self.gain))
+    with kernels.compiled_instead():
+        torch_only = grads()
+    assert sum(g is not None for g in native) > 10
+    for g, g_ref in zip(native, torch_only):
+        if g_ref is None:
+            assert g is None
+            continue
+        # float64 rounding of the kernels' forward values, carried through a second derivative: ~1e-12 of
+        # each gradient's scale (the bug this guards against read 0.69 of it)
+        scale = g_ref.abs().max().item()
+        torch.testing.assert_close(g, g_ref, rtol=0, atol=1e-10 * scale)
+
+
 def test_environment_over_unordered_pairs_equals_the_sum_over_every_ordered_pair():
     """The environment sums each unordered pair once, for both atoms; the dense form over all N² ordered
     pairs (written here from the docstring's equations) must give the same scalars, vectors and every

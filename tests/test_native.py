@@ -120,6 +120,24 @@ def test_native_float32_matches_the_reference(d, flushed, blocks, monkeypatch):
         torch.testing.assert_close(g.double(), g_ref, rtol=1e-3, atol=1e-3)
 
 
+def test_a_derivative_of_the_native_gradients_is_refused_by_name():
+    """The native path's gradients are not differentiable themselves: a loss on them (create_graph)
+    raises naming the path that takes it, and that path gives the reference's second derivatives."""
+    q, k, v, omega = _inputs(n=20)
+    q.requires_grad_()
+    params = _params("general")
+    second = []
+    for backend in ("native", "chunked", "reference"):
+        out = rt_attention(q, k, v, **params, omega=omega, causal=True, backend=backend)
+        if backend == "native":
+            with pytest.raises(RuntimeError, match="first derivatives only.*backend='chunked'"):
+                torch.autograd.grad(out.square().sum(), q, create_graph=True)
+            continue
+        (g,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+        second.append(torch.autograd.grad(g.square().sum(), q)[0])
+    torch.testing.assert_close(second[0], second[1], rtol=1e-9, atol=1e-10)
+
+
 def test_auto_takes_the_native_kernel_for_the_default_times_and_a_fixed_omega_only(monkeypatch):
     """With the default times every structure runs natively on the CPU (static facts: the device,
     ``positions is None``, ω not learned, the built kernel); explicit times and a learned ω take the
@@ -280,8 +298,8 @@ def test_the_rotation_table_follows_omega():
 def test_native_frame_transform_matches_the_python_form(degenerate, monkeypatch):
     """The frame head's per-token transform (rotor_kernel._frame_transform), both directions: the
     native pass equals the tensor-operation form in float64, values and the gradients of the frames'
-    multivectors (nonzero at channels 0 and 1's vector parts only) and of the moved ones, also where
-    Gram–Schmidt meets its clamps (c1 ∥ c0; c0 = 0)."""
+    multivectors (nonzero at channels 0 and 1's vector parts only) and of the moved ones, and second
+    derivatives, also where Gram–Schmidt meets its clamps (c1 ∥ c0; c0 = 0)."""
     import geoattn.attention.rotor_kernel as rk
     from geoattn.algebra.clifford_algebra import CliffordAlgebra
 
@@ -303,9 +321,19 @@ def test_native_frame_transform_matches_the_python_form(degenerate, monkeypatch)
         for table in (T, Tt):
             leaves = [x.clone().requires_grad_() for x in (frames, m)]
             out = rk._frame_transform(*leaves, T0, table, slice(1, 4))
-            results.append((out, *torch.autograd.grad((out * weights).sum(), leaves)))
+            first = torch.autograd.grad((out * weights).sum() ** 2, leaves, create_graph=True)
+            # a second derivative (a loss on the gradients, as a force loss), where the frame is
+            # differentiable twice (at the clamps the first derivatives are ~1e14 already): the kernel's
+            # backward hands it to the tensor form
+            second = (
+                ()
+                if degenerate != "generic"
+                else torch.autograd.grad(sum(x.square().sum() for x in first), leaves)
+            )
+            results.append((out, *first, *second))
     for native_result, python_result in zip(results[:2], results[2:]):
-        for a, e, name in zip(native_result, python_result, ("out", "∂frames", "∂m")):
+        names = ("out", "∂frames", "∂m", "∂²frames", "∂²m")
+        for a, e, name in zip(native_result, python_result, names):
             torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10, msg=name)
 
 

@@ -472,6 +472,31 @@ def test_head_groups_cut_by_the_native_kernel_as_by_torch(heads, positional, mon
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("actions", [0, 1, 2])
+def test_qkv_groups_second_derivatives_equal_the_torch_forms(actions, monkeypatch):
+    """The kernel's backward is a first derivative only; under ``create_graph`` (a loss on gradients,
+    as the molecule model's force loss) it hands over to the torch form: the gradients of a loss on
+    the first gradients are the torch form's, float64, with no action, a shared one and one per row."""
+    torch.manual_seed(8)
+    B, N, H, C, dim = 2, 5, 4, 2, 8
+    qkv = blade_major(torch.randn(B, N, 3, H, C, dim, dtype=torch.float64)).requires_grad_()
+    action = torch.randn(actions, H, N, dim, dim, dtype=torch.float64).requires_grad_() if actions else None
+    inputs = [qkv] + ([action] if action is not None else [])
+    weights = None
+    results = []
+    for use_native in (True, False):
+        if not use_native:
+            monkeypatch.setattr(rotor_qkv, "_native_ok", lambda *args: False)
+        outs = [t for part in rotor_qkv.qkv_groups(qkv, action, [[0, 3], [1], [2]]) for t in part]
+        weights = weights or [torch.randn_like(o) for o in outs]
+        loss = sum((o * w).sum() ** 2 for o, w in zip(outs, weights))
+        first = torch.autograd.grad(loss, inputs, create_graph=True)
+        second = torch.autograd.grad(sum(g.square().sum() for g in first), inputs)
+        results.append([*first, *second])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
 def test_qkv_groups_refuse_bad_inputs():
     qkv = torch.randn(2, 5, 3, 4, 2, 8)
     with pytest.raises(ValueError, match=r"qkv has shape \(2, 5, 12, 2, 8\)"):

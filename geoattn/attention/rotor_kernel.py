@@ -1103,6 +1103,11 @@ def _frame_transform(frames: Tensor, m: Tensor, T0: Tensor, T: Tensor, vec: slic
     if m.device.type == "cpu" and m.dtype in (torch.float32, torch.float64) and native.available():
         flat = torch.ops.geoattn.frame_transform(frames.flatten(0, 2), m.flatten(0, 2), T0, T, vec.start)
         return flat.view(m.shape)
+    return _frame_transform_torch(frames, m, T0, T, vec)
+
+
+def _frame_transform_torch(frames: Tensor, m: Tensor, T0: Tensor, T: Tensor, vec: slice) -> Tensor:
+    """:func:`_frame_transform` in torch operators (any leading dims)."""
     c0, c1 = frames[..., 0, vec], frames[..., 1, vec]
     ex, ey = _frame_axes(c0, c1)
     # [x y z] concatenated is vec(Rotᵀ) for the frame's rotation Rot = [x y z] (axes as columns)
@@ -1142,6 +1147,13 @@ def _frame_transform_setup(ctx, inputs, output):
 
 
 def _frame_transform_grad(ctx, grad_out):
+    if torch.is_grad_enabled():  # create_graph: the kernel's backward is a first derivative only
+        frames, m, t0, table = ctx.saved_tensors
+        wanted = [x for x, need in zip((frames, m), ctx.needs_input_grad) if need]
+        with torch.enable_grad():
+            out = _frame_transform_torch(frames, m, t0, table, slice(ctx.vec, ctx.vec + 3))
+        grads = iter(torch.autograd.grad(out, wanted, grad_out, create_graph=True))
+        return *(next(grads) if need else None for need in ctx.needs_input_grad[:2]), None, None, None
     g_frames, g_m = torch.ops.geoattn.frame_transform_backward(*ctx.saved_tensors, grad_out, ctx.vec)
     return g_frames, g_m, None, None, None
 

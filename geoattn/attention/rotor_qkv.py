@@ -12,7 +12,9 @@ split, an einsum that copies its operand into the batch order and back, permutes
 group, and in the backward a concatenation for each split; its backward writes the projection's
 gradient blade by blade, the order the projection's GEMMs read (:func:`~geoattn.algebra.layout.blade_major`).
 Elsewhere, or for an algebra of another size, the same maths in torch (:func:`_torch_groups`); both
-are tested against each other (values and gradients, float64).
+are tested against each other (values, gradients and second derivatives, float64). The kernel's
+backward is a first derivative only: under ``create_graph`` (the molecule model's force loss) the
+backward takes the torch form's gradient, differentiably.
 """
 
 from __future__ import annotations
@@ -106,6 +108,9 @@ def _backward(x, action, grads, shape, heads, sizes) -> tuple[Tensor, Tensor | N
 
 
 class _RotorQkv(torch.autograd.Function):
+    """The native kernel each way; under a second derivative (the molecule model's forces) the backward
+    takes the torch form's gradient instead, differentiably (:func:`_torch_backward`)."""
+
     @staticmethod
     def forward(ctx, x, action, shape, heads, sizes):
         ctx.args = (shape, heads, sizes)
@@ -115,7 +120,26 @@ class _RotorQkv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         x, action = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: a derivative of these gradients will be taken
+            return *_torch_backward(x, action, grads, *ctx.args, ctx.needs_input_grad[:2]), None, None, None
         return *_backward(x, action, grads, *ctx.args), None, None, None
+
+
+def _torch_backward(x, action, grads, shape, heads, sizes, needs) -> tuple[Tensor | None, Tensor | None]:
+    """∂x and ∂action by autograd through the torch form (:func:`_torch_groups`), with ``create_graph``:
+    x ``(dim, B·N·3·H·C)`` blade by blade as the kernel reads it."""
+    B, N, H, C, dim = shape
+    qkv = x.view(dim, B, N, 3, H, C).movedim(0, -1)
+    groups, at = [], 0
+    for size in sizes:
+        groups.append(heads[at : at + size])
+        at += size
+    with torch.enable_grad():
+        outs = [t for part in _torch_groups(qkv, action, groups) for t in part]
+    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+    inputs = [t for t, need in zip((x, action), needs) if need]
+    got = iter(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], create_graph=True))
+    return tuple(next(got) if need else None for need in needs)
 
 
 # The same kernel as custom operators, for compiled graphs.
@@ -158,6 +182,10 @@ def _setup(ctx, inputs, output):
 
 def _grad(ctx, grads):
     x, action = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph, as in _RotorQkv
+        needs = (ctx.needs_input_grad[0], ctx.has_action and ctx.needs_input_grad[1])
+        g_x, g_action = _torch_backward(x, action if ctx.has_action else None, grads, *ctx.args, needs)
+        return g_x, g_action, None, None, None
     B, N, _, C, dim = ctx.args[0]
     sizes = ctx.args[2]
     grads = [g if g is not None else x.new_zeros(B, sizes[i // 3], N, C, dim) for i, g in enumerate(grads)]

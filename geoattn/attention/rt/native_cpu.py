@@ -100,6 +100,11 @@ def _setup(ctx, inputs, output):
 
 
 def _backward(ctx, grad_out, grad_lse):
+    if torch.is_grad_enabled():  # create_graph: the kernel's gradients are not differentiable themselves
+        raise RuntimeError(
+            "rt_attention: the native CPU path gives first derivatives only; for a derivative of its "
+            "gradients (create_graph=True) pass backend='chunked'"
+        )
     qkv, metric, turns, *rest = ctx.saved_tensors
     params, (out, lse) = rest[: ctx.n_params], rest[ctx.n_params :]
     grads = torch.ops.geoattn.rt_qkv_backward(qkv, metric, turns, params, *ctx.flags, out, lse, grad_out)
