@@ -107,6 +107,7 @@ from geoattn.algebra.named import shared_algebra
 from geoattn.attention.dtypes import outside_autocast
 from geoattn.attention.rotor_heads import HEADS, HeadType, check_head_types, register_head_type
 from geoattn.compile import constant_result, own_code, worth_compiling
+from geoattn.gradients import torch_form_grads
 
 _T = TypeVar("_T")
 BACKENDS = ("auto", "reference")
@@ -1149,11 +1150,14 @@ def _frame_transform_setup(ctx, inputs, output):
 def _frame_transform_grad(ctx, grad_out):
     if torch.is_grad_enabled():  # create_graph: the kernel's backward is a first derivative only
         frames, m, t0, table = ctx.saved_tensors
-        wanted = [x for x, need in zip((frames, m), ctx.needs_input_grad) if need]
-        with torch.enable_grad():
-            out = _frame_transform_torch(frames, m, t0, table, slice(ctx.vec, ctx.vec + 3))
-        grads = iter(torch.autograd.grad(out, wanted, grad_out, create_graph=True))
-        return *(next(grads) if need else None for need in ctx.needs_input_grad[:2]), None, None, None
+        vec = slice(ctx.vec, ctx.vec + 3)
+        forms = torch_form_grads(
+            lambda: _frame_transform_torch(frames, m, t0, table, vec),
+            (frames, m),
+            ctx.needs_input_grad[:2],
+            grad_out,
+        )
+        return *forms, None, None, None
     g_frames, g_m = torch.ops.geoattn.frame_transform_backward(*ctx.saved_tensors, grad_out, ctx.vec)
     return g_frames, g_m, None, None, None
 

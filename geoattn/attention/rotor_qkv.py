@@ -24,6 +24,7 @@ from torch import Tensor
 
 from geoattn import native
 from geoattn.algebra.layout import is_blade_major
+from geoattn.gradients import torch_form_grads
 
 
 def qkv_groups(
@@ -129,17 +130,16 @@ def _torch_backward(x, action, grads, shape, heads, sizes, needs) -> tuple[Tenso
     """∂x and ∂action by autograd through the torch form (:func:`_torch_groups`), with ``create_graph``:
     x ``(dim, B·N·3·H·C)`` blade by blade as the kernel reads it."""
     B, N, H, C, dim = shape
-    qkv = x.view(dim, B, N, 3, H, C).movedim(0, -1)
     groups, at = [], 0
     for size in sizes:
         groups.append(heads[at : at + size])
         at += size
-    with torch.enable_grad():
-        outs = [t for part in _torch_groups(qkv, action, groups) for t in part]
-    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
-    inputs = [t for t, need in zip((x, action), needs) if need]
-    got = iter(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], create_graph=True))
-    return tuple(next(got) if need else None for need in needs)
+
+    def form() -> list[Tensor]:
+        qkv = x.view(dim, B, N, 3, H, C).movedim(0, -1)
+        return [t for part in _torch_groups(qkv, action, groups) for t in part]
+
+    return torch_form_grads(form, (x, action), needs, grads)
 
 
 # The same kernel as custom operators, for compiled graphs.

@@ -24,6 +24,7 @@ from geoattn import native
 from geoattn.algebra import kernels
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.layout import channel_halves
+from geoattn.gradients import torch_form_grads
 
 
 def _check_mv(x: Tensor, algebra: CliffordAlgebra, channels: int, name: str, owner: str) -> None:
@@ -195,11 +196,10 @@ class _GradeNorm(torch.autograd.Function):
         x, gain = ctx.saved_tensors
         layer = ctx.layer
         if torch.is_grad_enabled():  # create_graph: a derivative of this gradient will be taken
-            with torch.enable_grad():
-                y = layer.reference(x, gain)
-            wanted = [t for t, need in zip((x, gain), ctx.needs_input_grad) if need]
-            grads = iter(torch.autograd.grad(y, wanted, grad, create_graph=True))
-            return *(next(grads) if need else None for need in ctx.needs_input_grad[:2]), None
+            forms = torch_form_grads(
+                lambda: layer.reference(x, gain), (x, gain), ctx.needs_input_grad[:2], grad
+            )
+            return *forms, None
         g_x, g_gain = native.cpu_kernels().grade_norm_backward(
             x, gain.to(x.dtype).contiguous(), grad, *layer._tables, layer.per_grade, layer.eps
         )
