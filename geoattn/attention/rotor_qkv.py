@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from geoattn import native
+from geoattn.algebra import kernels
 from geoattn.algebra.layout import is_blade_major
 from geoattn.gradients import torch_form_grads
 
@@ -56,12 +57,12 @@ def qkv_groups(
 
 
 def _native_ok(qkv: Tensor, action: Tensor | None) -> bool:
+    """Where the kernel runs: where the algebra's native products run (the CPU, float32 or float64, the
+    module built; `geoattn.algebra.kernels.native_products`), for 8 or 16 blades."""
     return (
-        qkv.device.type == "cpu"
-        and qkv.dtype in (torch.float32, torch.float64)
-        and qkv.shape[-1] in (8, 16)
+        qkv.shape[-1] in (8, 16)
         and (action is None or action.dtype == qkv.dtype)
-        and native.available()
+        and kernels.native_products(qkv) is not None
     )
 
 

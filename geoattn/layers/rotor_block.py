@@ -177,20 +177,28 @@ class RotorAttention(nn.Module):
             raise ValueError(f"RotorAttention: x has shape {tuple(x.shape)}, expected (B, N, C, dim)")
         B, N = x.shape[:2]
         H, Ch = len(self.head_types), self.head_channels
+        o = self._heads(self.project(x, s, positions, list(self.groups.values())), mask)  # (B, H, N, Ch, dim)
+        # the heads' channels side by side, stored blade by blade (`blade_major`): one copy, which the
+        # output map then reads as it is; the per-head grade gains fold into its weights
+        o = o.permute(4, 0, 2, 1, 3).reshape(-1, B, N, H * Ch).permute(1, 2, 3, 0)
+        return self.out(o, None, in_gain=self.grade_gain.repeat_interleave(Ch, 0))
+
+    def project(
+        self, x: Tensor, s: Tensor | None, positions: Tensor | None, groups: list[list[int]]
+    ) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """q, k and v of each group of heads (``groups``: head indices), ``(B, H_g, N, Ch, dim)`` each, q
+        and k moved by the rotor positional encoding (:func:`~geoattn.attention.rotor_qkv.qkv_groups`)."""
+        B, N = x.shape[:2]
         qkv, _ = self.qkv(x, s)  # (B, N, 3·H·Ch, dim)
         # the heads hand back q, k and v's gradients in the default order; one turn for the map's GEMMs
-        qkv = blade_major_grad(qkv).view(B, N, 3, H, Ch, -1)
+        qkv = blade_major_grad(qkv).view(B, N, 3, len(self.head_types), self.head_channels, -1)
         action = None
         if self.positional is not None:
             if positions is None:
                 raise ValueError("RotorAttention: positional_encoding=True needs positions")
             self.positional.check_positions(positions, N)
             action = self.positional.action(positions, qkv.dtype)  # (B|1, H, N, dim, dim)
-        o = self._heads(qkv_groups(qkv, action, list(self.groups.values())), mask)  # (B, H, N, Ch, dim)
-        # the heads' channels side by side, stored blade by blade (`blade_major`): one copy, which the
-        # output map then reads as it is; the per-head grade gains fold into its weights
-        o = o.permute(4, 0, 2, 1, 3).reshape(-1, B, N, H * Ch).permute(1, 2, 3, 0)
-        return self.out(o, None, in_gain=self.grade_gain.repeat_interleave(Ch, 0))
+        return qkv_groups(qkv, action, groups)
 
     # Left out of a caller's torch.compile: inductor (torch 2.13, CPU) generated a backward for the heads
     # inside this layer that corrupted the heap (glibc "corrupted double-linked list"; reproduced with

@@ -313,12 +313,8 @@ class RotorLMBlock(nn.Module):
         rotor positional encoding."""
         attn = self.attn
         xn, sn = self._normed(x, s, self.norm1, self.snorm1)
-        B, T = x.shape[:2]
-        H, Ch = len(attn.head_types), attn.head_channels
-        qkv, _ = attn.qkv(xn, sn)
-        q, k, _ = qkv.view(B, T, 3, H, Ch, -1).permute(2, 0, 3, 1, 4, 5)  # each (B, H, T, Ch, dim)
-        if attn.positional is not None:
-            q, k = attn.positional(q, positions), attn.positional(k, positions)
+        T, H, Ch = x.shape[1], len(attn.head_types), attn.head_channels
+        [(q, k, _)] = attn.project(xn, sn, positions, [list(range(H))])  # each (B, H, T, Ch, dim)
         metric = attn.algebra.invariant_metric.to(x)
         logits = torch.einsum("bhica,bhjca->bhij", q * metric, k) / math.sqrt(Ch * attn.algebra.dim)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()

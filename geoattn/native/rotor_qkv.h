@@ -49,11 +49,6 @@ inline std::vector<Place> places(const std::vector<int64_t>& heads, const std::v
   return at;
 }
 
-// x's number at blade a, token m = b·N + n, part s, head, channel
-inline int64_t x_at(const Shape& sh, int64_t a, int64_t m, int64_t s, int64_t head, int64_t ch) {
-  return (((a * sh.b * sh.n + m) * 3 + s) * sh.h + head) * sh.c + ch;
-}
-
 // the first number of out[b, slot, n, 0, 0] in a group of `size` heads
 inline int64_t out_at(const Shape& sh, const Place& p, int64_t b, int64_t n) {
   return ((b * p.size + p.slot) * sh.n + n) * sh.c * sh.d;
