@@ -107,7 +107,7 @@ from geoattn.algebra.named import shared_algebra
 from geoattn.attention.dtypes import outside_autocast
 from geoattn.attention.rotor_heads import HEADS, HeadType, check_head_types, register_head_type
 from geoattn.compile import constant_result, own_code, worth_compiling
-from geoattn.gradients import torch_form_grads
+from geoattn.gradients import dense_grad, torch_form_grads
 
 _T = TypeVar("_T")
 BACKENDS = ("auto", "reference")
@@ -166,7 +166,8 @@ def rotor_attention(
     if backend == "reference" and reference is not None:
         kernel = reference
     out = kernel(q, k, v, algebra, causal=causal, inverse=inverse, key_mask=key_mask, chunk_size=chunk_size)
-    return out.to(out_dtype)
+    # the kernels' batched products want a dense gradient; `out.sum().backward()` sends an expanded one
+    return dense_grad(out).to(out_dtype)
 
 
 # ---------------------------------------------------------------------------------------------- checks
