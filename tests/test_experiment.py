@@ -391,3 +391,41 @@ def test_threads_per_run_are_the_users_choice(workdir, monkeypatch, capsys):
     finally:
         torch.set_num_threads(before)
     assert seen == [1, 1, 1, 1]
+
+
+def test_the_report_says_which_data_its_runs_read_and_warns_when_they_differ(tmp_path):
+    """Runs that record their sets' hashes (config.json; a peer's evaluation file) are named by them in
+    the report: one line when all read the same sets, a warning naming each group when they do not;
+    nothing from runs that record none."""
+    from geoattn.experiments.report import data_read
+    from geoattn.experiments.runner import RunPlan, evaluation_file
+    from geoattn.experiments.spec import Cell
+
+    def ours(name: str, seed: int, sets: dict[str, str] | None) -> RunPlan:
+        out = tmp_path / f"{name}-{seed}"
+        run = RunDirectory(out)
+        task = (
+            {"task": "nbody", "sets": {k: {"samples": 3, "sha256": v} for k, v in sets.items()}}
+            if sets
+            else {}
+        )
+        run.write_config({"train": {}, "task": task})
+        return RunPlan(Cell(name, {}), seed, out, {"max_iters": 1}, "done")
+
+    def peer(seed: int, sets: dict[str, str]) -> RunPlan:
+        out = tmp_path / f"peer-{seed}"
+        config = {"max_iters": 1, "command": ["x"], "evaluate_on": {"task": "nbody", "data": "d"}}
+        RunDirectory(out).write_evaluation([], evaluation_file(config), sets)
+        return RunPlan(Cell("peer", {}, ["x"]), seed, out, config, "done")
+
+    same = {"train": "a" * 64, "val": "b" * 64}
+    plans = [ours("model", 1, same), ours("model", 2, same), peer(1, same), ours("lm", 1, None)]
+    (line,) = data_read(plans)
+    assert (
+        line.startswith("Data: the 3 runs that record it read the same sets") and f"train {'a' * 12}" in line
+    )
+    other = {"train": "c" * 64, "val": "b" * 64}
+    (line,) = data_read([*plans, ours("model", 3, other)])
+    assert line.startswith("**Data: the runs did not all read the same sets**")
+    assert f"train {'c' * 12}, val {'b' * 12}: model (seed 3)" in line and "peer (seed 1)" in line
+    assert data_read([ours("lm", 2, None)]) == []

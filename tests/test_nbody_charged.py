@@ -285,6 +285,8 @@ def test_a_peers_predictions_are_measured_as_our_runs_are(tmp_path):
     evaluation = evaluation_file(peer.config)
     assert peer.status == mute.status == "done" and not list(mute.out.glob("evaluation*.json"))
     rows = {r["metric"]: r["value"] for r in json.loads((peer.out / evaluation).read_text())["rows"]}
+    recorded = json.loads((peer.out / evaluation).read_text())["sets"]  # the files it was scored on
+    assert recorded == {name: task.dataset(name).content_hash() for name in ("train", "val", "test")}
     for name in ("val", "test"):
         assert rows[f"{name}_mse" if name == "test" else "val_mse_full"] == pytest.approx(
             task.baselines(name)["static_mse"], rel=1e-6

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from geoattn.errors import ConfigError
-from geoattn.experiments.runner import RunPlan, evaluation_file
+from geoattn.errors import CheckpointError, ConfigError
+from geoattn.experiments.runner import RunPlan, evaluation_file, sets_read
 from geoattn.experiments.spec import ExperimentSpec
 from geoattn.formatting import format_table, significant
 from geoattn.training.run_dir import RunDirectory
@@ -229,6 +229,7 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
         f"{finished} of {len(plans)} runs finished; seeds {spec.seeds}.",
         f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.machine()} ({cpu_model()}, "
         f"{cpu_isa()}), {_cpus()} CPU cores, torch {torch.__version__}.",
+        *data_read(plans),
         "",
         "## Mean ± std over seeds",
         "",
@@ -260,6 +261,44 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
     path = results / f"{spec.name}.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def data_read(plans: list[RunPlan]) -> list[str]:
+    """The report's line on which data its runs read, where the task records it (the n-body task: the
+    sha256 of each set's samples, in a run's ``config.json`` and in a peer's evaluation file): the
+    hashes when every run that records them read the same sets, else a warning naming which runs
+    read which (a comparison across different files is no comparison). Empty when no run records any.
+    """
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for p in plans:
+        run = RunDirectory(p.out)
+        if "command" in p.config:
+            sets = run.read_evaluation_sets(evaluation_file(p.config))
+        else:
+            try:
+                sets = sets_read(run.read_config().get("task", {}))
+            except CheckpointError:  # no run there yet, or not one of ours: it records nothing
+                sets = {}
+        if sets:
+            groups.setdefault(tuple(sorted(sets.items())), []).append(f"{p.cell.name} (seed {p.seed})")
+    if not groups:
+        return []
+
+    def hashes(key: tuple[tuple[str, str], ...]) -> str:
+        return ", ".join(f"{name} {digest[:12]}" for name, digest in key)
+
+    counted = sum(len(runs) for runs in groups.values())
+    if len(groups) == 1:
+        (key,) = groups
+        return [
+            f"Data: the {counted} runs that record it read the same sets (sha256 of the samples, "
+            f"first 12 hex digits): {hashes(key)}."
+        ]
+    parts = "; ".join(f"{hashes(key)}: {', '.join(runs)}" for key, runs in groups.items())
+    return [
+        "**Data: the runs did not all read the same sets** (sha256 of the samples, first 12 hex digits): "
+        f"{parts}."
+    ]
 
 
 def _verdicts_and_reading(

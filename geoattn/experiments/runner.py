@@ -164,15 +164,17 @@ def _run_peer(config: dict[str, Any], threads: int | None, evaluate: bool = Fals
             summary = _train_peer(config, threads, run)
         evaluation = evaluation_file(config)
         if evaluate and (run.path / PEER_PREDICTIONS).is_file() and not _evaluated(run, evaluation):
-            run.write_evaluation(_evaluate_peer(config, run.path / PEER_PREDICTIONS), evaluation)
+            rows, sets = _evaluate_peer(config, run.path / PEER_PREDICTIONS)
+            run.write_evaluation(rows, evaluation, sets)
         return summary
     finally:
         lock.unlink(missing_ok=True)
 
 
-def _evaluate_peer(config: dict[str, Any], path: Path) -> list[dict[str, Any]]:
+def _evaluate_peer(config: dict[str, Any], path: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """The task's evaluation rows of a peer's ``predictions.npz`` (an array per set), on the files of
-    the experiment's ``data`` (:meth:`geoattn.tasks.base.Task.prediction_rows`)."""
+    the experiment's ``data`` (:meth:`geoattn.tasks.base.Task.prediction_rows`), and the sets those
+    files hold (:func:`sets_read`: what the report checks every run against)."""
     import numpy as np
     import torch
 
@@ -191,7 +193,14 @@ def _evaluate_peer(config: dict[str, Any], path: Path) -> list[dict[str, Any]]:
         rows = task.prediction_rows(predictions)
     except ValueError as err:
         raise UserError(f"{path}: {err}") from None
-    return [dataclasses.asdict(r) for r in rows]
+    return [dataclasses.asdict(r) for r in rows], sets_read(task.meta())
+
+
+def sets_read(meta: dict[str, Any]) -> dict[str, str]:
+    """``{set: sha256}`` of a task's ``meta()`` where it records its sets' hashes (the n-body task:
+    :meth:`~geoattn.tasks.nbody.task.NBodyTask.meta`), else empty."""
+    sets = meta.get("sets") or {}
+    return {name: s["sha256"] for name, s in sets.items() if isinstance(s, dict) and "sha256" in s}
 
 
 def _train_peer(config: dict[str, Any], threads: int | None, run: RunDirectory) -> dict[str, Any]:

@@ -254,9 +254,17 @@ class RunDirectory:
         path = self.file(self.SUMMARY)
         return json.loads(path.read_text()) if path.exists() else {}
 
-    def write_evaluation(self, rows: list[dict[str, Any]], name: str = EVALUATION) -> None:
-        """The evaluation rows, in ``name`` (a peer's run keeps one file per task it is measured on)."""
-        self._write_json(name, {"rows": rows})
+    def write_evaluation(
+        self, rows: list[dict[str, Any]], name: str = EVALUATION, sets: dict[str, str] | None = None
+    ) -> None:
+        """The evaluation rows, in ``name`` (a peer's run keeps one file per task it is measured on), with
+        ``sets`` (set name → sha256 of its samples) where the task records what it read."""
+        self._write_json(name, {"rows": rows, **({"sets": sets} if sets else {})})
+
+    def read_evaluation_sets(self, name: str = EVALUATION) -> dict[str, str]:
+        """The ``sets`` an evaluation file records (empty when it records none or does not exist)."""
+        path = self.file(name)
+        return dict(json.loads(path.read_text()).get("sets", {})) if path.exists() else {}
 
     def read_evaluation(self, name: str = EVALUATION) -> list[dict[str, Any]]:
         path = self.file(name)
