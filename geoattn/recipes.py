@@ -20,6 +20,48 @@ def recipe(task: str, model: str) -> dict[str, Any]:
     return dict(task_class(task).recipes.get(model, {}))
 
 
+Layers = tuple[dict[str, Any], ...]
+
+# a recipe key's spelling (``model.KEY``, ``task.KEY`` or a run field) -> (option table or None, key)
+_TABLES = {"model": "model_options", "task": "task_options"}
+
+
+def _split(key: str) -> tuple[str | None, str]:
+    head, _, rest = key.partition(".")
+    return (_TABLES[head], rest) if rest and head in _TABLES else (None, key)
+
+
+def _given(layers: Layers, key: str) -> list[Any]:
+    """The values the layers give ``key`` (``model.KEY`` / ``task.KEY`` / a run field), lowest first."""
+    table, name = _split(key)
+    if table is None:
+        return [layer[name] for layer in layers if name in layer]
+    return [layer[table][name] for layer in layers if name in layer.get(table, {})]
+
+
+def _followed(task: str, model: str, base: dict[str, Any], layers: Layers) -> dict[str, Any]:
+    """``base`` with the recipe's defaults that follow an explicit choice of the layers: for each
+    :class:`~geoattn.tasks.base.Follow` whose option the layers set to its value, its ``then`` values
+    for the keys no layer sets (a key the user set stays theirs, and the model's own check speaks)."""
+    cls = task_class(task)
+    if model not in cls.table:
+        return base
+    out = {**base, **{t: dict(base.get(t, {})) for t in _TABLES.values()}}
+    for follow in cls.table[model].recipe.follows:
+        given = _given(layers, follow.option)
+        if not given or given[-1] != follow.value:
+            continue
+        for key, value in follow.then.items():
+            if _given(layers, key):
+                continue
+            table, name = _split(key)
+            if table is None:
+                out[name] = value
+            else:
+                out[table][name] = value
+    return {k: v for k, v in out.items() if v or k not in _TABLES.values() or k in base}
+
+
 def build_config(*layers: dict[str, Any]) -> TrainConfig:
     """The TrainConfig of a run: the task's recipe for the model, then ``layers`` (lowest first: a
     saved config, TOML, ``--set``, flags). The task and model are those the layers name.
@@ -35,7 +77,7 @@ def build_config(*layers: dict[str, Any]) -> TrainConfig:
         given = [layer[key] for layer in layers if key in layer]
         return given[-1] if given else TrainConfig.__dataclass_fields__[key].default
 
-    base = recipe(named("task"), named("model"))
+    base = _followed(named("task"), named("model"), recipe(named("task"), named("model")), layers)
     scaled = [k for k in ("warmup_iters", "hold_iters") if not any(k in layer for layer in layers)]
     if base.get("hold_iters") and scaled:
         length = base.get("lr_decay_iters") or base.get("max_iters") or named("max_iters")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -35,25 +35,87 @@ class EvalRow:
     over: str  # e.g. "full val split (111,540 chars)", "20 batches of 12"
 
 
+@dataclass(frozen=True)
+class Follow:
+    """A recipe default that follows an explicit choice: when the user sets ``option`` to ``value``,
+    the recipe's ``then`` replaces the recipe's own values of those keys (the keys the user did not set).
+
+    Keys are spelled as on the command line: ``model.KEY``, ``task.KEY`` or a run field (``lr``).
+    Example: the n-body rotor recipe's Clifford block messages need Cl(3), so
+    ``Follow("model.algebra", "pga", {"model.block_messages": "egnn"})``.
+    """
+
+    option: str
+    value: Any
+    then: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A model's best known run settings (measured; see results/): the defaults of ``geoattn train
+    --task T --model M``, below anything the user sets, and which of them follow the user's choices."""
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    follows: tuple[Follow, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One row of a task's model table (``Task.table``: ``--model`` name → row).
+
+    config: the dataclass behind the model's ``model.*`` keys.
+    build: ``build(task, sizes, options) -> TaskModel``, the network at the run's sizes.
+    description: one line, what ``--list-settings`` prints.
+    recipe: its run defaults (:class:`Recipe`).
+    compiles: whether its ``torch.compile``'d training step measured faster (the trainer's default).
+    fixed: the config fields the task sets itself (not ``model.*`` keys).
+    """
+
+    config: type
+    build: Callable[[Any, ModelSizes, dict[str, Any]], TaskModel]
+    description: str
+    recipe: Recipe = Recipe()
+    compiles: bool = False
+    fixed: tuple[str, ...] = ()
+
+
 class Task(ABC):
     """One training problem.
 
-    Subclasses set ``name``, ``models`` (``--model`` name → one-line description), ``Settings``
-    (a dataclass of the task's options; ``None`` if it has none) and implement :meth:`from_settings`,
-    :meth:`get_batch` and :meth:`_build`. A built model is a :class:`~geoattn.models.base.TaskModel`:
-    ``model(x, y) -> (prediction, loss)``.
+    Subclasses set ``name``, ``table`` (``--model`` name → :class:`ModelRow`), ``Settings`` (a
+    dataclass of the task's options; ``None`` if it has none) and implement :meth:`from_settings` and
+    :meth:`get_batch`. ``models``, ``recipes``, ``compile_wins``, :meth:`model_settings` and
+    :meth:`build_model` are derived from the table. A built model is a
+    :class:`~geoattn.models.base.TaskModel`: ``model(x, y) -> (prediction, loss)``.
     """
 
     name: ClassVar[str]
-    models: ClassVar[dict[str, str]]
+    table: ClassVar[dict[str, ModelRow]] = {}
     Settings: ClassVar[type | None] = None
     description: ClassVar[str] = ""
-    # model name -> run settings of its best known recipe (measured; see results/): the defaults of
-    # `geoattn train --task T --model M`, below anything the user sets (layered by geoattn.recipes)
+    # the names of the sets that are test (held-out) data: an exploratory experiment seals them
+    test_sets: ClassVar[tuple[str, ...]] = ("test",)
+    # derived from ``table`` (__init_subclass__): --model name -> description, -> recipe settings,
+    # and the models whose compiled step wins
+    models: ClassVar[dict[str, str]] = {}
     recipes: ClassVar[dict[str, dict[str, Any]]] = {}
-    # models whose torch.compile'd training step measured faster (`geoattn bench lm`): the trainer
-    # compiles them by default in runs long enough to win back the compilation (its --compile)
     compile_wins: ClassVar[frozenset[str]] = frozenset()
+    # the sets this run may not read (see :meth:`readable`); set by the trainer on an exploratory run
+    sealed: frozenset[str] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "table" in cls.__dict__:
+            cls.models = {name: row.description for name, row in cls.table.items()}
+            cls.recipes = {
+                name: row.recipe.settings for name, row in cls.table.items() if row.recipe.settings
+            }
+            cls.compile_wins = frozenset(name for name, row in cls.table.items() if row.compiles)
+
+    def readable(self, name: str) -> bool:
+        """Whether this run may read set ``name`` (an exploratory experiment seals the test sets: a
+        task computes no metric of a sealed set)."""
+        return name not in self.sealed
 
     # ------------------------------------------------------------------ construction -------------
     @classmethod
@@ -112,7 +174,14 @@ class Task(ABC):
     @classmethod
     def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
         """The config dataclass behind ``model.*`` keys for ``model`` and the fields the task fixes."""
-        raise NotImplementedError
+        row = cls.row(model)
+        return row.config, row.fixed
+
+    @classmethod
+    def row(cls, model: str) -> ModelRow:
+        """The table row of ``model``; ConfigError naming the task's models."""
+        cls.check_model(model)
+        return cls.table[model]
 
     @classmethod
     def check_model(cls, model: str) -> None:
@@ -124,9 +193,9 @@ class Task(ABC):
         self.check_model(model)
         return self._build(model, sizes, options or {})
 
-    @abstractmethod
     def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
-        """The network ``model`` (already checked to be in ``models``)."""
+        """The network ``model`` (already checked to be in ``models``): its row's ``build``."""
+        return self.table[model].build(self, sizes, options)
 
     # ------------------------------------------------------------------ data and metrics ---------
     @abstractmethod
