@@ -32,7 +32,8 @@ process per machine builds a variant, under a file lock in the cache folder; the
 wait and load its result. A process that finds the module built loads it without the compiler. The
 documentation's page "Native CPU kernels" (docs/native.md) says the same for users.
 
-`cpu_kernels` gives the module to the kernels, building it on first use if no one did. What happens
+`cpu_kernels` gives the module to the kernels, building it on first use if no one did; `available`
+(what the dispatch tables ask) only finds a build, never compiles. What happens
 when it cannot be built is ``GEOATTN_NATIVE`` (`mode`): unset or ``1``, one warning and None (the
 kernels use their Python forms); ``require``, `NativeBuildError` with the compiler's error; ``0``, None
 without trying.
@@ -59,6 +60,7 @@ from types import ModuleType
 
 import torch
 
+from geoattn.cache import cache_dir
 from geoattn.compile import constant_result
 from geoattn.errors import ConfigError, NativeBuildError
 
@@ -125,6 +127,7 @@ class Build:
 _state: dict[str, ModuleType | None] = {}  # "cpu": what `cpu_kernels` gives
 _loaded: dict[Path, ModuleType] = {}  # the modules imported in this process, by folder
 _builds: dict[str, Build] = {}  # the builds made or found in this process, by -march
+_fingerprints: dict[str, str] = {}  # `_fingerprint` by -march, for `built_kernels`
 
 
 def mode() -> str:
@@ -157,11 +160,35 @@ def _checked_march(value: str, source: str) -> str:
     return value
 
 
+NOT_BUILT = "native module not built: run `geoattn native build`"
+"""Why a native path declines where the module is not built (or switched off)."""
+
+
 @constant_result
 def available() -> bool:
-    """Whether `cpu_kernels` gives the module (building it on the first call). A constant of the
-    process, so a compiled graph's path choice treats it as a static fact."""
-    return cpu_kernels() is not None
+    """Whether the module is at hand without compiling: loaded in this process, or built in its cache
+    folder (then loaded here). Never builds (a dispatch check asks this on every call; the build is
+    `geoattn native build`'s, at set-up). A constant of the process, so a compiled graph's path choice
+    treats it as a static fact."""
+    return built_kernels() is not None
+
+
+def built_kernels() -> ModuleType | None:
+    """The module of the variant `march` if it is loaded or lies built in its cache folder, else None
+    (also where ``GEOATTN_NATIVE=0``); never runs the compiler."""
+    if "cpu" in _state:
+        return _state["cpu"]
+    if not enabled():
+        return None
+    target = march()
+    if target not in _fingerprints:  # the sources' and the CPU's hash: read once
+        _fingerprints[target] = _fingerprint(target)
+    folder = cache_root() / f"{_slug(target)}-{_fingerprints[target]}"
+    if folder in _loaded:
+        _state["cpu"] = _loaded[folder]
+    elif _read_info(folder) is not None:
+        _state["cpu"] = _load_for_kernels()  # built: loading it needs no compiler
+    return _state.get("cpu")
 
 
 def cpu_kernels() -> ModuleType | None:
@@ -194,13 +221,9 @@ def _load_for_kernels() -> ModuleType | None:
 
 
 def cache_root() -> Path:
-    """Where the builds lie: ``$GEOATTN_CACHE/native``, else ``$XDG_CACHE_HOME/geoattn/native``, else
-    ``~/.cache/geoattn/native``."""
-    if os.environ.get("GEOATTN_CACHE"):
-        return Path(os.environ["GEOATTN_CACHE"]) / "native"
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "geoattn" / "native"
+    """Where the builds lie: ``native`` in the package's one cache folder (:func:`geoattn.cache.cache_dir`:
+    ``$GEOATTN_CACHE``, else ``$XDG_CACHE_HOME/geoattn``, else ``~/.cache/geoattn``)."""
+    return cache_dir() / "native"
 
 
 @dataclasses.dataclass(frozen=True)

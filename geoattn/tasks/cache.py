@@ -1,12 +1,8 @@
-"""Where tasks keep what they download or compute once: ``$XDG_CACHE_HOME/geoattn``."""
+"""Where tasks keep what they download or compute once: :func:`geoattn.cache.cache_dir`, the folder
+the native builds share (resolved in one place)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from geoattn.cache import cache_dir
 
-
-def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/geoattn``, or ``~/.cache/geoattn`` when the variable is unset or empty."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "geoattn"
+__all__ = ["cache_dir"]
