@@ -208,28 +208,28 @@ def test_the_dispatch_table_is_the_only_chooser(monkeypatch):
 
 
 def test_the_rows_accept_and_decline_with_their_reasons(monkeypatch):
-    """What ``auto`` picks for each kind of call, from static facts only, and each row's reason."""
+    """What ``auto`` picks for each kind of call, from static facts only, and each row's reasons."""
     qkv = torch.randn(2, 16, 3, 2, 8)
     times = torch.arange(16.0)
     omega = torch.ones(2, 4)
     names = [name for name, _ in dispatch.explain(_call(qkv))]
     assert names == ["reference", "native", "flex", "chunked"]
-    reasons = dict(dispatch.explain(_call(qkv, times=times)))
-    assert "materialises" in reasons["reference"] and reasons["chunked"] is None
+    reasons = {name: "; ".join(r) for name, r in dispatch.explain(_call(qkv, times=times))}
+    assert "materialises" in reasons["reference"] and reasons["chunked"] == ""
     assert "explicit positions" in reasons["native"] and "CUDA" in reasons["flex"]
     assert dispatch.choose(_call(qkv, times=times)).name == "chunked"
     assert dispatch.choose(_call(qkv, return_weights=True)).name == "reference"
     assert dispatch.choose(_call(qkv, backend="reference")).name == "reference"
-    assert "float32 or float64" in dispatch.explain(_call(qkv.half()))[1][1]
+    assert "float32 or float64" in dispatch.explain(_call(qkv.half()))[1][1][0]
     with torch.enable_grad():
         learned = dict(dispatch.explain(_call(qkv, omega=omega.requires_grad_())))
-    assert "omega requires a gradient" in learned["native"]
+    assert "omega requires a gradient" in learned["native"][0]
     with torch.no_grad():  # an evaluation with a learned ω: no gradient asked for
-        assert dict(dispatch.explain(_call(qkv, omega=omega)))["native"] in (None, _NOT_BUILT)
+        assert dict(dispatch.explain(_call(qkv, omega=omega)))["native"] in ((), (native.NOT_BUILT,))
     expected = "native" if native.available() else "chunked"
     assert dispatch.choose(_call(qkv)).name == expected
     monkeypatch.setattr(native, "available", lambda: False)
-    assert dict(dispatch.explain(_call(qkv)))["native"] == _NOT_BUILT
+    assert dict(dispatch.explain(_call(qkv)))["native"] == (native.NOT_BUILT,)
     assert dispatch.choose(_call(qkv)).name == "chunked"
     with pytest.raises(ValueError, match="backend='native' cannot run this call: explicit positions"):
         dispatch.choose(_call(qkv, times=times, backend="native"))
@@ -237,15 +237,10 @@ def test_the_rows_accept_and_decline_with_their_reasons(monkeypatch):
         dispatch.choose(_call(qkv, backend="flex"))
 
 
-_NOT_BUILT = "the native module is not built (no C++ toolchain, or GEOATTN_NATIVE=0)"
-
-
 def test_backend_names_are_the_rows_and_auto():
     q, k, v, _, _ = _inputs(n=5)
     for old in ("dense", "blockwise", "separable", "tied", "fast"):
-        with pytest.raises(
-            ValueError, match=r"one of \('auto', 'reference', 'native', 'flex', 'chunked'\)"
-        ):
+        with pytest.raises(ValueError, match=r"one of \('auto', 'reference', 'native', 'flex', 'chunked'\)"):
             rt_attention(q, k, v, **_params("general"), backend=old)
 
 
@@ -534,3 +529,30 @@ def test_far_lags_stay_finite_and_exact():
         tol = 1e-10 if dtype == F64 else 5e-4
         for got, want in zip(values, grads[F64, "reference", True]):
             torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol, msg=str(key))
+
+
+def test_explain_lists_every_reason_of_every_row():
+    """A half-precision call with explicit positions and the weights asked of the native row: each row
+    gives all its reasons, not the first one only (as SDPA does when no kernel fits)."""
+    qkv = torch.randn(2, 16, 3, 2, 8).half()
+    call = _call(qkv, times=torch.arange(16.0), return_weights=True, backend="native")
+    reasons = dict(dispatch.explain(call))
+    assert set(reasons) == {"reference", "native", "flex", "chunked"}
+    native_reasons = " | ".join(reasons["native"])
+    for fact in ("float32 or float64", "explicit positions", "return_weights"):
+        assert fact in native_reasons, native_reasons
+    assert reasons["reference"] == ()  # the weights were asked for
+    with pytest.raises(ValueError, match="float32 or float64.*; explicit positions.*; return_weights"):
+        dispatch.choose(call)
+
+
+def test_an_explicit_backend_is_honoured_or_refused_never_overridden():
+    """``return_weights`` under an explicit non-reference backend is refused by name (it used to run
+    the reference silently); an explicit backend that serves the call runs it."""
+    q, k, v, omega, positions = _inputs(n=9)
+    params = _params("general")
+    with pytest.raises(ValueError, match="backend='chunked' cannot run this call: return_weights"):
+        rt_attention(q, k, v, **params, backend="chunked", return_weights=True)
+    out, weights = rt_attention(q, k, v, **params, backend="reference", return_weights=True)
+    assert weights.shape == (2, 3, 9, 9)
+    torch.testing.assert_close(rt_attention(q, k, v, **params, backend="chunked"), out)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from geoattn.algebra.rotation import rotate_pairs
-from geoattn.attention.rfa_kernel import rfa_attention
+from geoattn.attention.rfa import rfa_attention
 from geoattn.attention.rt import rt_attention
 from geoattn.layers.robust_filter import RFAAttention
 from geoattn.layers.rt_block import RTAttention, RTBlock
@@ -406,7 +406,8 @@ def test_rfa_chunked_matches_reference_values_and_gradients(causal):
         torch.testing.assert_close(g_fast, g_ref)
 
 
-def test_rfa_rejects_bad_parameters():
+def test_rfa_rejects_bad_parameters(monkeypatch):
+    monkeypatch.setenv("GEOATTN_DEBUG", "1")  # the parameters' signs are value checks
     q, k, v, p, _ = _rfa_inputs()
     with pytest.raises(ValueError, match="mu"):
         rfa_attention(q, k, v, **{**p, "mu": -p["mu"]})

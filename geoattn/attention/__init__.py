@@ -2,7 +2,7 @@
 paths behind one dispatch table), ``rotor_attention`` (docs/concepts/rotors.md) and the RFA baseline
 ``rfa_attention`` (docs/concepts/rt-filter.md#baselines)."""
 
-from geoattn.attention.rfa_kernel import rfa_attention
+from geoattn.attention.rfa import rfa_attention
 from geoattn.attention.rotor_kernel import rotor_attention
 from geoattn.attention.rt import rt_attention, rt_logits
 

@@ -1,7 +1,7 @@
 """Isotropic Robust Filter Attention (RFA, arXiv 2509.04154), the RT layer's Euclidean predecessor.
 
 ``RFAAttention`` is the module around the functional kernel
-``geoattn.attention.rfa_kernel.rfa_attention``, a drop-in for softmax attention in the pre-norm
+``geoattn.attention.rfa.rfa_attention``, a drop-in for softmax attention in the pre-norm
 ``Block``.
 
 Shapes: ``B`` batch, ``T`` tokens, ``C`` model width, ``H`` heads, ``D = C / H`` head width.
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from geoattn.algebra.rotation import rope_frequencies
-from geoattn.attention.rfa_kernel import rfa_attention
+from geoattn.attention.rfa import rfa_attention
 from geoattn.layers.common import (
     check_heads,
     check_input,

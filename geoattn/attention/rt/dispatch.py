@@ -1,9 +1,11 @@
 """The one place that chooses how `rt_attention` runs (PyTorch SDPA's backend list, xformers' fmha
-operator list): `PATHS`, in priority order. ``backend="auto"`` takes the first row whose ``can_use``
-returns None; a backend named explicitly must accept the call or raises a ValueError with its
-reason. ``can_use`` reads static facts only (device, dtype, shapes, which tensors require gradients,
-whether positions were given), never a tensor's values: it runs under ``torch.compile(fullgraph=True)``
-and costs no device sync. Each row names the test that holds it to the reference.
+operator list): `PATHS`, in priority order, rows of `geoattn.attention.dispatch.Path`.
+``backend="auto"`` takes the first row none of whose checks declines; a backend named explicitly
+runs the call or raises a ValueError with all its reasons; `explain` lists every row's reasons. The
+checks read static facts only (device, dtype, shapes, which tensors require gradients, whether
+positions were given or weights asked for), never a tensor's values, and build nothing: they run
+under ``torch.compile(fullgraph=True)`` and cost no device sync. Each row names the test that holds
+it to the reference.
 
 Why these rows (BENCHMARKS.md, "RT-Filter attention" and "Language models"): on the CPU the native
 kernel serves every parameter structure faster than each Python path it replaced (SDPA with folded
@@ -14,79 +16,54 @@ exactly; the reference is the oracle.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
-
-from torch import Tensor
-
+from geoattn.attention import dispatch as table
+from geoattn.attention.dispatch import Path, no_weights
 from geoattn.attention.rt import chunked, flex, native_cpu, reference
 from geoattn.attention.rt.params import Call
 
 
-class Path(NamedTuple):
-    """One row of the table."""
-
-    name: str
-    can_use: Callable[[Call], str | None]  # None: it serves the call; else the reason it does not
-    run: Callable[[Call], tuple[Tensor, Tensor | None]]  # -> (o (B, H, N, D), weights or None)
-    test: str  # the test that holds it to the reference, values and gradients
-
-
-def _reference_can_use(call: Call) -> str | None:
+def _asked_for(call: Call) -> str | None:
     if call.backend == "reference" or call.return_weights:
         return None
     return "it materialises the N × N weights: only on request (backend='reference' or return_weights)"
 
 
-def _chunked_can_use(call: Call) -> str | None:
-    return None  # any device, dtype, times and ω
-
-
 PATHS: tuple[Path, ...] = (
     Path(
         "reference",
-        _reference_can_use,
+        (_asked_for,),
         reference.run,
         "tests/test_rt_attention.py::test_hand_built_case_matches_the_formula",
     ),
     Path(
         "native",
-        native_cpu.can_use,
+        (*native_cpu.CHECKS, no_weights),
         native_cpu.run,
         "tests/test_native.py::test_native_path_matches_reference",
     ),
-    Path("flex", flex.can_use, flex.run, "tests/test_rt_flex.py::test_compiled_flex_matches_reference"),
+    Path(
+        "flex",
+        (*flex.CHECKS, no_weights),
+        flex.run,
+        "tests/test_rt_flex.py::test_compiled_flex_matches_reference",
+    ),
     Path(
         "chunked",
-        _chunked_can_use,
+        (no_weights,),  # any device, dtype, times and ω
         chunked.run,
         "tests/test_rt_attention.py::test_chunked_path_matches_reference",
     ),
 )
 
 NAMES = tuple(p.name for p in PATHS)
-BACKENDS = ("auto", *NAMES)
+BACKENDS = table.backends(PATHS)
 
 
 def choose(call: Call) -> Path:
-    """The path that runs ``call``: the first row that accepts it under ``backend="auto"``, else the
-    row named by ``call.backend`` (a ValueError if it declines)."""
-    if call.return_weights:  # weights are N × N by definition: only the reference has them
-        return PATHS[0]
-    if call.backend == "auto":
-        for path in PATHS:
-            if path.can_use(call) is None:
-                return path
-        raise AssertionError("the chunked row accepts every call")
-    for path in PATHS:
-        if path.name == call.backend:
-            reason = path.can_use(call)
-            if reason is not None:
-                raise ValueError(f"backend={call.backend!r} cannot run this call: {reason}")
-            return path
-    raise ValueError(f"backend must be one of {BACKENDS}, got {call.backend!r}")
+    """The row that runs ``call`` (`geoattn.attention.dispatch.choose` over `PATHS`)."""
+    return table.choose(PATHS, call, "rt_attention")
 
 
-def explain(call: Call) -> list[tuple[str, str | None]]:
-    """Every row's answer for ``call``: ``[(name, None | reason)]``, in priority order."""
-    return [(path.name, path.can_use(call)) for path in PATHS]
+def explain(call: Call) -> list[tuple[str, tuple[str, ...]]]:
+    """Every row's reasons for ``call``: ``[(name, reasons)]`` in priority order, ``()`` where it serves."""
+    return table.explain(PATHS, call)

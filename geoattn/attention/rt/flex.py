@@ -27,11 +27,14 @@ from geoattn.compile import disabled
 COMPILE_BACKEND = "inductor"
 
 
-def can_use(call: Call) -> str | None:
-    """None on CUDA, else why not."""
+def _on_cuda(call: Call) -> str | None:
     if call.qkv.device.type != "cuda":
         return f"the CUDA path (torch has no FlexAttention backward on {call.qkv.device.type})"
     return None
+
+
+# the row's checks (`geoattn.attention.dispatch.Path.checks`)
+CHECKS = (_on_cuda,)
 
 
 def run(call: Call) -> tuple[Tensor, None]:

@@ -2,31 +2,22 @@
 choose the path, run it.
 
 Value checks (the parameters' signs, a declared ``structure``) read tensors, which on a GPU
-synchronises the device: they run only with ``GEOATTN_DEBUG=1`` (never inside a compiled graph).
+synchronises the device: they run only with ``GEOATTN_DEBUG=1`` (`geoattn.attention.debug`).
 Shape and type checks always run. Half-precision inputs are computed in float32, with autocast
 switched off inside (`geoattn.attention.dtypes`).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
+from geoattn.attention.debug import value_checks
 from geoattn.attention.dtypes import outside_autocast, work_dtype
 from geoattn.attention.rt import dispatch
 from geoattn.attention.rt.params import Call
 
-DEBUG_ENV = "GEOATTN_DEBUG"
 STRUCTURES = ("general", "separable", "tied")
-
-
-def debug_checks() -> bool:
-    """Whether the value checks run: ``GEOATTN_DEBUG=1`` and not inside a compiled graph."""
-    if torch.compiler.is_compiling():
-        return False
-    return os.environ.get(DEBUG_ENV, "0").strip().lower() in ("1", "true", "yes")
 
 
 @outside_autocast
@@ -60,7 +51,8 @@ def rt_attention(
         backend: ``"auto"`` (the first path of `geoattn.attention.rt.dispatch.PATHS` that serves the
             call; never an N×N tensor) or a path by name: ``"reference"`` (explicit N×N, the
             oracle), ``"native"``, ``"flex"``, ``"chunked"``.
-        return_weights: also return the attention weights ``(B, H, N, N)``; runs the reference.
+        return_weights: also return the attention weights ``(B, H, N, N)``: only the reference has them
+            (``auto`` takes it; another backend named explicitly refuses).
         normalize_values: our extension: False uses ``v`` as given instead of ``v̂ = v/|v|``
             (the ``qkv_norm=False`` ablation of the layers).
         structure: our extension, what the caller knows about the parameters: ``"general"``,
@@ -145,7 +137,7 @@ def _attention(qkv, metric, key_scale, params, omega, positions, causal, backend
 
 def _validate(q, k, v, mu_r, sigma_t2, eta_t2, beta, omega, positions, backend, structure):
     if backend not in dispatch.BACKENDS:
-        raise ValueError(f"backend must be one of {dispatch.BACKENDS}, got {backend!r}")
+        raise ValueError(f"rt_attention: backend must be one of {dispatch.BACKENDS}, got {backend!r}")
     if structure not in STRUCTURES:
         raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -175,7 +167,7 @@ def _validate(q, k, v, mu_r, sigma_t2, eta_t2, beta, omega, positions, backend, 
             )
         if positions.is_complex() or positions.dtype == torch.bool:
             raise ValueError(f"positions must be real times, got dtype {positions.dtype}")
-    if debug_checks():
+    if value_checks():
         _validate_values(mu_r, sigma_t2, eta_t2, beta, positions, structure)
 
 

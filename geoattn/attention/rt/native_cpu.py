@@ -21,19 +21,38 @@ from geoattn.attention.rt.params import FAR, Call, turns
 BLOCKS = (64, 256)
 
 
-def can_use(call: Call) -> str | None:
-    """None where the kernel serves ``call``, else why not (static facts only)."""
+def _on_cpu(call: Call) -> str | None:
     if call.qkv.device.type != "cpu":
         return f"a CPU kernel, the inputs are on {call.qkv.device.type}"
+    return None
+
+
+def _float32_or_64(call: Call) -> str | None:
     if call.qkv.dtype not in (torch.float32, torch.float64):
         return f"float32 or float64 only, got {call.qkv.dtype}"
+    return None
+
+
+def _default_times(call: Call) -> str | None:
     if call.times is not None:
         return "explicit positions: its log c is a table over the integer lags of the default times"
+    return None
+
+
+def _fixed_omega(call: Call) -> str | None:
     if call.learned_omega:
         return "omega requires a gradient, which the kernel does not return"
-    if not native.available():  # last: the first call builds the module
-        return "the native module is not built (no C++ toolchain, or GEOATTN_NATIVE=0)"
     return None
+
+
+def _built(call: Call) -> str | None:
+    if not native.available():  # never builds: the build is `geoattn native build`'s, at set-up
+        return native.NOT_BUILT
+    return None
+
+
+# the row's checks (`geoattn.attention.dispatch.Path.checks`), static facts only
+CHECKS = (_on_cpu, _float32_or_64, _default_times, _fixed_omega, _built)
 
 
 def run(call: Call) -> tuple[Tensor, None]:
