@@ -1,7 +1,8 @@
 """PNG plots of a run (matplotlib, Agg backend): loss curves, an attention map, RT precision.
 
 Pure drawing: each function gets the numbers and the file to write; :class:`RunDirectory.plot`
-decides which apply to a model.
+decides which apply to a model. ``pyplot`` and ``save_figure`` are the task layer's
+(:mod:`geoattn.tasks.plots`), shared with the tasks' own figures.
 """
 
 from __future__ import annotations
@@ -12,23 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: Path, *, dpi: int = 110) -> Path:
-    """Lay out ``fig``, write it to ``path`` as PNG and close it (pyplot keeps open figures): ``path``."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    pyplot().close(fig)
-    return path
+from geoattn.tasks.plots import pyplot, save_figure
 
 
 def loss_curves(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:

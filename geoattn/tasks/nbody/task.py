@@ -42,7 +42,7 @@ from geoattn.tasks.nbody.simulator import (
     save_gatr_format,
     simulate_systems,
 )
-from geoattn.training.plots import pyplot, save_figure
+from geoattn.tasks.plots import pyplot, save_figure
 
 # the sets measured at the end of training (full sets) per system, and the samples of the equivariance error
 EVAL_SETS = ("eval", "e3_generalization", "object_generalization")
