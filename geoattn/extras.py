@@ -19,6 +19,7 @@ EXTRAS = {  # extra -> what it brings
     "tensorboard": "TensorBoard event files (--logger tensorboard)",
     "molecules": "tblite, ASE, RDKit, MACE, SchNetPack (geoattn data make molecule, geoattn bench molecule)",
     "series": "sktime's bundled time-series sets and torchcde (the series task and its ncde model)",
+    "pointclouds": "h5py (the pointcloud task's ModelNet40 and ScanObjectNN HDF5 files)",
 }
 
 

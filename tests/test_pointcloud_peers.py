@@ -15,7 +15,7 @@ from geoattn.tasks.pointcloud.peers import VNEdgeConv, VNInvariant, VNLinearLeak
 from geoattn.tasks.pointcloud.shapes import CLASSES
 from geoattn.tasks.pointcloud.task import PointCloudConfig, PointCloudTask, rotate
 
-SMALL = {"n_points": 24, "train_size": 64, "val_size": 16, "test_size": 16}
+SMALL = {"points": 24, "train_size": 64, "val_size": 16, "test_size": 16}
 SIZES = ModelSizes(n_layer=2, n_head=2, n_embd=16)
 OPTIONS = {"rotor": {}, "transformer": {}, "pointnet": {}, "dgcnn": {"k": 6}, "vn": {"k": 6}}
 

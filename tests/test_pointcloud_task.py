@@ -12,11 +12,11 @@ from geoattn.errors import ConfigError
 from geoattn.models.base import ModelSizes
 from geoattn.tasks import task_class
 from geoattn.tasks.nbody.simulator import random_orthogonal
-from geoattn.tasks.pointcloud.models import azimuthal_power, point_inputs
+from geoattn.tasks.pointcloud.networks import azimuthal_power, point_inputs
 from geoattn.tasks.pointcloud.shapes import CLASSES, sample_clouds
 from geoattn.tasks.pointcloud.task import PointCloudConfig, PointCloudTask, rotate, rotations
 
-SMALL = {"n_points": 32, "train_size": 200, "val_size": 20, "test_size": 40}
+SMALL = {"points": 32, "train_size": 200, "val_size": 20, "test_size": 40}
 SIZES = ModelSizes(n_layer=2, n_head=2, n_embd=32)
 
 
@@ -244,7 +244,7 @@ def test_eval_reads_a_trained_run_on_another_draw_of_the_clouds(tmp_path, capsys
     from geoattn.training.evaluate import load_run
 
     out = tmp_path / "run"
-    sizes = ["--set", "task.n_points=32", "--set", "task.train_size=64", "--set", "task.val_size=16"]
+    sizes = ["--set", "task.points=32", "--set", "task.train_size=64", "--set", "task.val_size=16"]
     tiny = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--batch-size", "8", "--no-plots"]
     flags = ["--max-iters", "2", "--eval-interval", "2", "--eval-iters", "1", *tiny, *sizes]
     argv = ["train", "--task", "pointcloud", "--model", "pointnet", "--out", str(out), *flags]

@@ -34,7 +34,7 @@ from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.rotor_transformer import center
 from geoattn.settings import settings_from
 from geoattn.tasks.pointcloud.graph import gather, knn
-from geoattn.tasks.pointcloud.models import check_points, cross_entropy
+from geoattn.tasks.pointcloud.networks import check_points, cross_entropy
 
 EPS = 1e-6
 LEAKY_SLOPE = 0.2  # DGCNN's and VN's LeakyReLU slope

@@ -1,4 +1,5 @@
-"""The ``pointcloud`` task: classify point clouds of parametric shapes (:mod:`.shapes`) under the
+"""The ``pointcloud`` task: classify point clouds, of parametric shapes (:mod:`.shapes`) or read from
+files (``--data``, :mod:`.data`: ModelNet40's HDF5 distribution, ScanObjectNN, OFF meshes), under the
 standard rotation protocols.
 
 A protocol is "train rotations / test rotations": ``z/SO(3)`` trains on clouds rotated about z only and
@@ -13,62 +14,69 @@ A non-invariant model learns rotation invariance only from its training rotation
 Transformer on point tokens collapses, while the RotorTransformer's and VN-DGCNN's logits are invariant
 by construction.
 
-A batch is ``x`` ``(B, P, 3)`` float32 points and ``y`` ``(B,)`` long labels (indices into ``CLASSES``).
+Read files have a train and a test split; validation is cut from train by a seeded, stratified
+fraction (``task.val_fraction``).
+
+A batch is ``x`` ``(B, P, 3)`` float32 points and ``y`` ``(B,)`` long labels (indices into the task's
+``classes``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from geoattn.errors import ConfigError
-from geoattn.models.base import ModelSizes, TaskModel
-from geoattn.models.lm import TransformerConfig
+from geoattn.errors import ConfigError, DataError
+from geoattn.models.base import TaskModel
 from geoattn.tasks.base import Task
 from geoattn.tasks.nbody.simulator import random_rotations
-from geoattn.tasks.pointcloud.models import PointRotor, PointRotorConfig, PointTransformer, point_inputs
-from geoattn.tasks.pointcloud.peers import DGCNN, VNDGCNN, DGCNNConfig, PointNet, PointNetConfig, VNConfig
+from geoattn.tasks.pointcloud.data import SAMPLINGS, Picking, read_clouds, stratified_split
+from geoattn.tasks.pointcloud.models import TABLE
 from geoattn.tasks.pointcloud.shapes import CLASSES, sample_clouds
 
 SPLITS = ("train", "val", "test")
 ROTATIONS = ("aligned", "z", "so3")
-# the rotor model's fixed shapes: Cl(3); its input widths follow model.neighbours (models.point_inputs),
-# its scalar output is the model's full scalar width; 8 multivector channels out (their Gram readout)
-ROTOR_IO = {"algebra": "cl3", "in_channels": 1, "in_scalars": 1, "out_channels": 8, "out_scalars": 1}
-# the peers (:mod:`.peers`): model name -> (config class, network)
-PEERS: dict[str, tuple[type, type[TaskModel]]] = {
-    "pointnet": (PointNetConfig, PointNet),
-    "dgcnn": (DGCNNConfig, DGCNN),
-    "vn": (VNConfig, VNDGCNN),
-}
+# the settings of each source of clouds: a user's setting of the other's is an error, not ignored
+GENERATED_ONLY = ("train_size", "val_size", "test_size", "noise", "skew")
+READ_ONLY = ("sampling", "val_fraction")
 
 
 @dataclass
 class PointCloudConfig:
     """The pointcloud task.
 
-    The defaults keep a run short and the set from saturating: 64 points, noise 5 % of the radius and
-    a strong sampling skew (with 128 points, noise 2 % and skew 2, PointNet read 98 % on aligned test
-    clouds of the ten well-separated classes after 600 steps); 1,000 validation and 2,000 test clouds, so
-    that an accuracy's sampling error (about 1 % on the test set) stays below the differences read.
+    The generated set's defaults keep a run short and the set from saturating: 64 points, noise 5 % of
+    the radius and a strong sampling skew (with 128 points, noise 2 % and skew 2, PointNet read 98 % on
+    aligned test clouds of the ten well-separated classes after 600 steps); 1,000 validation and 2,000
+    test clouds, so that an accuracy's sampling error (about 1 % on the test set) stays below the
+    differences read.
 
     Fields:
-        n_points: points per cloud.
-        train_size, val_size, test_size: clouds per split (balanced over the classes).
-        noise: Gaussian noise std (the clouds have unit maximum radius).
-        skew: non-uniform sampling: shape parameters are ``U^γ`` with γ in ``[1/skew, skew]`` per cloud.
+        data: a folder of point-cloud files (ModelNet40 HDF5, ScanObjectNN, OFF meshes; default
+            --data; none: the generated shapes).
+        points: points per cloud (generated, or kept of each read cloud).
+        sampling: how a read cloud keeps its points: random or fps (farthest-point sampling).
+        val_fraction: the share of each class of read training clouds held out for validation.
+        train_size, val_size, test_size: generated clouds per split (balanced over the classes).
+        noise: Gaussian noise std of generated clouds (they have unit maximum radius).
+        skew: non-uniform sampling of generated clouds: shape parameters are ``U^γ`` with γ in
+            ``[1/skew, skew]`` per cloud.
         train_rotation: rotations of training and validation clouds: aligned, z or so3 (augmentation).
             ``aligned``: none; ``z``: about the z axis; ``so3``: random 3D rotations.
         test_rotation: rotations of test clouds (``so3`` in both standard protocols).
             The final metrics also test under every kind.
-        seed: seeds the three splits' clouds and rotations.
+        seed: seeds the splits' clouds, the points kept, the validation cut and the rotations.
     """
 
-    n_points: int = 64
+    data: str | None = None
+    points: int = 64
+    sampling: str = "random"
+    val_fraction: float = 0.1
     train_size: int = 2000
     val_size: int = 1000
     test_size: int = 2000
@@ -79,11 +87,15 @@ class PointCloudConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("n_points", "train_size", "val_size", "test_size"):
+        for name in ("points", "train_size", "val_size", "test_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"task.{name} must be ≥ 1, got {getattr(self, name)}")
         if self.noise < 0 or self.skew < 1:
             raise ConfigError(f"task.noise must be ≥ 0 and task.skew ≥ 1, got {self.noise}, {self.skew}")
+        if self.sampling not in SAMPLINGS:
+            raise ConfigError(f"task.sampling must be one of {', '.join(SAMPLINGS)}, got {self.sampling!r}")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"task.val_fraction must be between 0 and 1, got {self.val_fraction}")
         for name in ("train_rotation", "test_rotation"):
             value = str(getattr(self, name)).lower().replace("(", "").replace(")", "")
             if value not in ROTATIONS:
@@ -120,46 +132,48 @@ class PointCloudTask(Task):
     """Shape classification under rotations (see the module docstring)."""
 
     name: ClassVar[str] = "pointcloud"
-    models: ClassVar[dict[str, str]] = {
-        "transformer": "Transformer on point tokens (centred xyz), mean-pooled; not rotation-invariant",
-        "rotor": "RotorTransformer (Cl(3)) on points, invariant readout: rotation-invariant logits",
-        "pointnet": "PointNet (shared MLP, max pooling; no transform nets); not rotation-invariant",
-        "dgcnn": "DGCNN (EdgeConv on dynamic kNN graphs); not rotation-invariant",
-        "vn": "VN-DGCNN (Vector Neurons): O(3)-equivariant layers, invariant logits",
-    }
+    table = TABLE
     Settings: ClassVar[type] = PointCloudConfig
-    # every model's run: 800 steps of 32 clouds, one evaluation at the end; sizes small enough for short
-    # runs on one CPU thread (rotor: frame heads, its fastest exact head type; DGCNN and VN-DGCNN: 4
-    # edge layers, k = 10; VN's 10 vector channels hold as many numbers as DGCNN's 32 channels); each at
-    # the rate it chose on validation from 1e-3, 2e-3, 4e-3, 8e-3 (results/pointcloud-lr.md; z/z training)
-    recipes: ClassVar[dict[str, dict[str, Any]]] = {
-        model: {"max_iters": 800, "batch_size": 32, "eval_interval": 800, "eval_iters": 4, **sizes}
-        for model, sizes in {
-            "transformer": {"lr": 2e-3, "n_layer": 3, "n_head": 4, "n_embd": 64},
-            "rotor": {
-                "lr": 8e-3,
-                "n_layer": 3,
-                "n_head": 4,
-                "n_embd": 128,
-                # the local surface normals as a vector input: 0.753 → 0.810 validation accuracy at lr
-                # 4e-3 (one seed, 2026-12-03; the principal axes' distances 0.776, both 0.799, normals
-                # with k = 8 or 32 neighbours 0.786, 0.744, normals and bending 0.820; results/pointcloud.md)
-                # gains on every block's outputs from 0.1 (CaiT's LayerScale): validation 0.856 ± 0.011
-                # against 0.828 ± 0.016 without them, 6 seeds, p = 0.0054, each at the rate it chose on
-                # the same grid (8e-3; results/pointcloud-layer-scale-recipe.md); experiments from
-                # before pin layer_scale = "default" (no gains) in their cells
-                "model_options": {"head_types": ["frame"] * 4, "normals": True, "layer_scale": 0.1},
-            },
-            "pointnet": {"lr": 1e-3, "n_layer": 4, "n_embd": 64},
-            "dgcnn": {"lr": 8e-3, "n_layer": 4, "n_embd": 32},
-            "vn": {"lr": 8e-3, "n_layer": 4, "n_embd": 32},
-        }.items()
-    }
-    description: ClassVar[str] = "point clouds of 16 parametric shapes; z/z, z/SO(3), SO(3)/SO(3) protocols"
+    description: ClassVar[str] = (
+        "point clouds of 16 parametric shapes or read (ModelNet40 HDF5, ScanObjectNN, OFF meshes); "
+        "z/z, z/SO(3), SO(3)/SO(3) protocols"
+    )
 
-    def __init__(self, config: PointCloudConfig | None = None):
+    def __init__(self, config: PointCloudConfig | None = None, *, classes: tuple[str, ...] | None = None):
+        """The task of ``config``: its files read now (a DataError before any run starts), or the
+        generated shapes made on first use. ``classes`` (a checkpoint's) builds a task that reads nothing."""
         self.config = config or PointCloudConfig()
         self._sets: dict[str, tuple[Tensor, Tensor]] = {}
+        self._rotated: dict[tuple[str, str], tuple[Tensor, Tensor]] = {}
+        self.layout: str | None = None
+        if classes is not None:
+            self.classes = tuple(classes)
+        elif self.config.data:
+            self.classes = self._read()
+        else:
+            self.classes = CLASSES
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    @classmethod
+    def settings_defaults(cls, *, data: str | None, block_size: int) -> dict[str, Any]:
+        return {"data": data}
+
+    @classmethod
+    def from_options(
+        cls, options: dict[str, Any] | None = None, *, data: str | None = None, **kwargs: Any
+    ) -> Task:
+        """:meth:`Task.from_options`, refusing a setting of the other source of clouds (``noise`` with
+        --data, ``sampling`` without) rather than ignoring it."""
+        options = options or {}
+        reads = bool(options.get("data", data))
+        clash = [f"task.{k}" for k in (GENERATED_ONLY if reads else READ_ONLY) if k in options]
+        if clash:
+            source = "the generated shapes" if reads else "clouds read with --data"
+            raise ConfigError(f"{', '.join(clash)} applies only to {source}")
+        return super().from_options(options, data=data, **kwargs)
 
     @classmethod
     def from_settings(
@@ -171,37 +185,49 @@ class PointCloudTask(Task):
         meta: dict[str, Any] | None,
         load_data: bool,
     ) -> PointCloudTask:
+        if settings.data and not load_data and meta and "classes" in meta:
+            return cls(settings, classes=tuple(meta["classes"]))
         return cls(settings)
 
-    @classmethod
-    def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
-        if model == "rotor":
-            return PointRotorConfig, tuple(ROTOR_IO)
-        if model in PEERS:
-            return PEERS[model][0], ()
-        return TransformerConfig, ("vocab_size", "block_size", "causal", "pos")
+    def _read(self) -> tuple[str, ...]:
+        """Read ``config.data``: its train and test clouds, validation cut from train; the class names."""
+        c = self.config
+        read = read_clouds(c.data, Picking(c.points, c.sampling, c.seed))
+        clouds, labels = read.sets["train"]
+        train, val = stratified_split(labels, c.val_fraction, c.seed)
+        if not len(val):
+            raise DataError(f"{c.data}: task.val_fraction={c.val_fraction} holds out no validation cloud")
+        self._sets = {"train": (clouds[train], labels[train]), "val": (clouds[val], labels[val]),
+                      "test": read.sets["test"]}  # fmt: skip
+        self.layout = read.layout
+        return read.classes
 
     def dataset(self, split: str) -> tuple[Tensor, Tensor]:
-        """Aligned clouds ``(n, P, 3)`` float64 and labels ``(n,)`` of ``split`` (made on first use)."""
+        """Aligned clouds ``(n, P, 3)`` (float64 generated, float32 read) and labels ``(n,)`` of
+        ``split`` (generated on first use)."""
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; the pointcloud task has {', '.join(SPLITS)}")
         if split not in self._sets:
+            if self.config.data:
+                raise DataError(f"this pointcloud task was built without reading {self.config.data}")
             c = self.config
             size = getattr(c, f"{split}_size")
             generator = torch.Generator().manual_seed(c.seed * len(SPLITS) + SPLITS.index(split))
             labels = torch.arange(size) % len(CLASSES)
             labels = labels[torch.randperm(size, generator=generator)]
-            clouds = sample_clouds(labels, c.n_points, generator, noise=c.noise, skew=c.skew)
+            clouds = sample_clouds(labels, c.points, generator, noise=c.noise, skew=c.skew)
             self._sets[split] = (clouds, labels)
         return self._sets[split]
 
     def evaluation_set(self, split: str, kind: str | None = None) -> tuple[Tensor, Tensor]:
         """``split`` (val or test), one fixed rotation of ``kind`` per cloud (default: the training
         kind for val, ``test_rotation`` for test)."""
-        clouds, labels = self.dataset(split)
         kind = kind or self.rotation_kind(split)
-        generator = torch.Generator().manual_seed(1000 + self.config.seed * 10 + ROTATIONS.index(kind))
-        return rotate(clouds, rotations(kind, clouds.shape[0], generator)), labels
+        if (split, kind) not in self._rotated:
+            clouds, labels = self.dataset(split)
+            generator = torch.Generator().manual_seed(1000 + self.config.seed * 10 + ROTATIONS.index(kind))
+            self._rotated[split, kind] = rotate(clouds, rotations(kind, clouds.shape[0], generator)), labels
+        return self._rotated[split, kind]
 
     def rotation_kind(self, split: str) -> str:
         """The rotations of ``split``: the training kind for train and val, ``test_rotation`` for test."""
@@ -229,36 +255,27 @@ class PointCloudTask(Task):
             x, y = clouds[pick], labels[pick]
         return x.float().to(device), y.to(device)
 
-    def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
-        n_classes = len(CLASSES)
-        if model == "rotor":
-            config = PointRotorConfig.from_sizes(sizes, options, **ROTOR_IO)
-            vectors, scalars = point_inputs(config)
-            config = dataclasses.replace(
-                config, in_channels=vectors, in_scalars=scalars, out_scalars=config.scalars
-            )
-            return PointRotor(config, n_classes)
-        if model in PEERS:
-            config_class, network = PEERS[model]
-            return network(config_class.from_sizes(sizes, options), n_classes)
-        config = TransformerConfig.from_sizes(
-            sizes, options, vocab_size=1, block_size=self.config.n_points, causal=False, pos="none"
-        )
-        return PointTransformer(config, n_classes)
-
     def metrics(self, prediction: Tensor, y: Tensor) -> dict[str, float]:
         """``accuracy`` of the logits."""
         return {"accuracy": float((prediction.argmax(-1) == y).float().mean())}
 
     def meta(self) -> dict[str, Any]:
-        return {"task": self.name, "config": dataclasses.asdict(self.config), "classes": list(CLASSES)}
+        """The settings and class names; for read files also their layout and each set's sha256 (the
+        experiment reports check that their runs read the same sets)."""
+        out = {"task": self.name, "config": dataclasses.asdict(self.config), "classes": list(self.classes)}
+        if self.layout is not None:
+            out["layout"] = self.layout
+            out["sets"] = {split: {"sha256": _digest(*self._sets[split])} for split in SPLITS}
+        return out
 
     def final_metrics(self, model: TaskModel, device: torch.device) -> dict[str, float]:
         """``val_accuracy_full`` on the whole validation split (training rotations: for selection);
         ``test_accuracy_aligned`` / ``_z`` / ``_so3`` on the whole test split under each kind of rotation
         (a run trained with z rotations reports z/z, z/SO(3) and aligned); ``test_accuracy`` under the
-        protocol's ``test_rotation``."""
+        protocol's ``test_rotation``. A sealed test set is not read."""
         out = {"val_accuracy_full": self.accuracy(model, "val")}
+        if not self.readable("test"):
+            return out
         for kind in ROTATIONS:
             out[f"test_accuracy_{kind}"] = self.accuracy(model, "test", kind)
         out["test_accuracy"] = out[f"test_accuracy_{self.config.test_rotation}"]
@@ -279,3 +296,10 @@ class PointCloudTask(Task):
             correct += int((logits.argmax(-1).cpu() == labels[start : start + batch_size]).sum())
         model.train(was_training)
         return correct / clouds.shape[0]
+
+
+def _digest(clouds: Tensor, labels: Tensor) -> str:
+    """sha256 of a set's clouds and labels (their bytes), for the record of what a run read."""
+    digest = hashlib.sha256(clouds.contiguous().numpy().tobytes())
+    digest.update(labels.contiguous().numpy().tobytes())
+    return digest.hexdigest()
