@@ -1,5 +1,6 @@
-"""The ``molecule`` task behind the trainer's contract: an MD17-style file (:mod:`.data`), rMD17's split
-sizes, the energy model (:mod:`.models`), batches and energy / force MAE metrics.
+"""The ``molecule`` task behind the trainer's contract: a molecule file (:mod:`.files`: geoattn's, revised
+MD17's, sGDML's or extended XYZ), rMD17's split sizes or its split files, the model table
+(:mod:`.models`), batches and energy / force MAE metrics.
 
 A batch is ``x`` ``(B, N, 4)`` = [atomic number, position (Å)] per atom and ``y`` ``(B, N, 4)`` = [energy
 (eV, repeated per atom), force (eV/Å)], float32.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -16,23 +18,23 @@ import torch
 from torch import Tensor
 
 from geoattn.errors import ConfigError
-from geoattn.models.base import ModelSizes, TaskModel
-from geoattn.models.rotor_transformer import RotorTransformerConfig
+from geoattn.models.base import TaskModel
 from geoattn.tasks.base import Task
 from geoattn.tasks.molecule.data import (
     Trajectory,
     TrajectorySettings,
-    load_trajectory,
     make_trajectory,
     molecule_name,
     split_indices,
 )
-from geoattn.tasks.molecule.models import MoleculeModelConfig, MoleculeRotor
+from geoattn.tasks.molecule.files import Keys, index_splits, read_molecule_file
+from geoattn.tasks.molecule.models import TABLE
 
 SPLITS = ("train", "val", "test")
 MEV = 1000.0  # eV → meV
-# the rotor model's inputs and outputs besides its width: fixed by the embedding (see MoleculeRotor)
-ROTOR_FIXED = ("algebra", "in_channels", "in_scalars", "out_channels", "out_scalars")
+# split sizes when the user sets none: rMD17's 1000 / 1000 drawn from the file, and with revised MD17's
+# index files the 50 validation frames MACE and NequIP take out of the 1000 training ones
+DEFAULT_N_TRAIN, DEFAULT_N_VAL, DEFAULT_N_VAL_FROM_INDEX_FILE = 1000, 1000, 50
 
 
 @dataclass
@@ -41,10 +43,16 @@ class MoleculeConfig:
 
     Fields:
         name: the molecule (aspirin, ethanol, malonaldehyde, uracil, toluene, naphthalene, salicylic_acid).
-        data: an .npz file in the molecule format (default: the cached file of the trajectory settings
-            below, built on first use; see ``geoattn data make molecule``).
+        data: a molecule file: geoattn's .npz, revised MD17's or sGDML's .npz, or extended XYZ (.xyz,
+            .extxyz); default: the cached file of the trajectory settings below, built on first use.
         frames, stride, equilibration, temperature, md_seed: the trajectory (TrajectorySettings).
-        n_train, n_val: rMD17's split sizes (random, ``split_seed``); the rest of the frames is test.
+        energy_key, forces_key: an extended XYZ frame's energy (info or calculator) and forces (arrays
+            or calculator) labels, in eV and eV/Å (MACE's files: REF_energy, REF_forces).
+        splits_dir: a directory of revised MD17's split files (index_train_0N.csv, index_test_0N.csv):
+            test is the test file, validation n_val frames of the training file, train the rest.
+        split_index: the N of the split files (1..5 in revised MD17).
+        n_train, n_val: split sizes; default rMD17's 1000 and 1000 drawn at random (split_seed), the
+            rest test; with splits_dir, n_val defaults to 50 and train to the rest of the training file.
         split_seed: seed of the split permutation.
         cutoff, n_rbf, interactions, vectors: the radial embedding (MoleculeModelConfig).
         energy_weight, force_weight: loss weights on the energy and force MSE (SchNetPack's MD17 recipe).
@@ -57,8 +65,12 @@ class MoleculeConfig:
     equilibration: int = 1000
     temperature: float = 500.0
     md_seed: int = 0
-    n_train: int = 1000
-    n_val: int = 1000
+    energy_key: str = "energy"
+    forces_key: str = "forces"
+    splits_dir: str | None = None
+    split_index: int = 1
+    n_train: int | None = None
+    n_val: int | None = None
     split_seed: int = 0
     cutoff: float = 5.0
     n_rbf: int = 8
@@ -69,8 +81,12 @@ class MoleculeConfig:
 
     def __post_init__(self) -> None:
         self.name = molecule_name(self.name)
-        if self.n_train < 1 or self.n_val < 1:
-            raise ConfigError(f"task.n_train and task.n_val must be ≥ 1, got {self.n_train}, {self.n_val}")
+        for key in ("n_train", "n_val"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"task.{key} must be an integer ≥ 1, got {value!r}")
+        if self.split_index != 1 and not self.splits_dir:
+            raise ConfigError("task.split_index picks a split file: set task.splits_dir too")
 
     def trajectory_settings(self) -> TrajectorySettings:
         """The data builder's settings of this task's default file."""
@@ -84,42 +100,54 @@ class MoleculeConfig:
         )
 
 
+def load_molecule_data(config: MoleculeConfig) -> tuple[Trajectory, dict[str, np.ndarray]]:
+    """The frames of ``config``'s file and its train / val / test frame indices: what the task trains
+    and measures on, and what the peers' runners (``benchmarks/molecule_peers.py``) read through it.
+
+    A file given (``config.data``) is read by :func:`~geoattn.tasks.molecule.files.read_molecule_file`;
+    without one the cached file of ``config.trajectory_settings()`` (built on first use). The split is
+    revised MD17's index files when ``config.splits_dir`` is set, else random sizes (``split_seed``).
+    """
+    c = config
+    path = c.data if c.data else make_trajectory(c.trajectory_settings())
+    trajectory = read_molecule_file(path, Keys(energy=c.energy_key, forces=c.forces_key))
+    default_keys = Keys()
+    labelled = (c.energy_key, c.forces_key) != (default_keys.energy, default_keys.forces)
+    if labelled and trajectory.settings.get("format") != "extxyz":
+        raise ConfigError(
+            f"task.energy_key and task.forces_key name an extended XYZ file's labels; {path} is a "
+            f"{trajectory.settings.get('format')} .npz (its keys are fixed)"
+        )
+    return trajectory, splits(config, len(trajectory), path)
+
+
+def splits(config: MoleculeConfig, frames: int, path: Path | str) -> dict[str, np.ndarray]:
+    """The train / val / test frame indices of ``config`` over a file of ``frames`` frames."""
+    c = config
+    if c.splits_dir:
+        n_val = c.n_val or DEFAULT_N_VAL_FROM_INDEX_FILE
+        return index_splits(
+            Path(c.splits_dir), c.split_index, frames, path, n_train=c.n_train, n_val=n_val, seed=c.split_seed
+        )
+    return split_indices(frames, c.n_train or DEFAULT_N_TRAIN, c.n_val or DEFAULT_N_VAL, c.split_seed)
+
+
 class MoleculeTask(Task):
     """MD17-style energies and forces of one molecule (see the module docstring)."""
 
     name: ClassVar[str] = "molecule"
-    models: ClassVar[dict[str, str]] = {
-        "rotor": "radial embedding + RotorTransformer (Cl(3)), energy summed over atoms, forces −∂E/∂x",
-    }
+    table = TABLE
     Settings: ClassVar[type] = MoleculeConfig
-    description: ClassVar[str] = "MD17-style molecular energies (meV) and forces (meV/Å) from GFN2-xTB MD"
-    # chosen on aspirin with `geoattn bench molecule --rotor-set ...` probes (one seed, validation force
-    # MAE): 64 environment scalars beat 16 and 128, lr 1e-2 beat 5e-3, and one rotor block learned as
-    # fast per epoch as three at a fraction of the cost
-    recipes: ClassVar[dict[str, dict[str, Any]]] = {
-        "rotor": {
-            "lr": 1e-2,
-            "n_layer": 1,
-            "n_head": 4,
-            "n_embd": 128,
-            "batch_size": 10,
-            "warmup_iters": 50,
-            "weight_decay": 0.0,
-            "model_options": {"scalars": 64},
-        },
-    }
+    description: ClassVar[str] = "molecular energies (meV) and forces (meV/Å): MD17, rMD17, sGDML, extxyz"
 
     def __init__(self, config: MoleculeConfig | None = None, trajectory: Trajectory | None = None):
         self.config = config or MoleculeConfig()
         if trajectory is None:
-            c = self.config
-            path = c.data if c.data else make_trajectory(c.trajectory_settings())
-            trajectory = load_trajectory(path)
+            trajectory, self.indices = load_molecule_data(self.config)
+        else:
+            self.indices = splits(self.config, len(trajectory), "the given trajectory")
         self.trajectory = trajectory
-        self.indices = split_indices(
-            len(trajectory), self.config.n_train, self.config.n_val, self.config.split_seed
-        )
-        self._tensors = self._split_tensors()
+        self._tensors: dict[str, tuple[Tensor, Tensor]] = {}
 
     @classmethod
     def settings_defaults(cls, *, data: str | None, block_size: int) -> dict[str, Any]:
@@ -137,27 +165,25 @@ class MoleculeTask(Task):
     ) -> MoleculeTask:
         return cls(settings)
 
-    @classmethod
-    def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
-        return RotorTransformerConfig, ROTOR_FIXED
-
-    def _split_tensors(self) -> dict[str, tuple[Tensor, Tensor]]:
-        t = self.trajectory
-        out = {}
-        for split, idx in self.indices.items():
+    def _split_tensors(self, split: str) -> tuple[Tensor, Tensor]:
+        """``x``, ``y`` ``(F, N, 4)`` float64 of ``split``, made on first use (never for a sealed set)."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; the molecule task has {', '.join(SPLITS)}")
+        if not self.readable(split):
+            raise ConfigError(f"the molecule task's {split} set is sealed in this run")
+        if split not in self._tensors:
+            t, idx = self.trajectory, self.indices[split]
             frames, n = len(idx), len(t.atomic_numbers)
             numbers = np.broadcast_to(t.atomic_numbers.astype(np.float64), (frames, n))[..., None]
             x = np.concatenate((numbers, t.positions[idx]), axis=-1)
             energy = np.broadcast_to(t.energies[idx][:, None, None], (frames, n, 1))
             y = np.concatenate((energy, t.forces[idx]), axis=-1)
-            out[split] = (torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(y)))
-        return out
+            self._tensors[split] = (torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(y)))
+        return self._tensors[split]
 
     def split(self, name: str, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
         """All of split ``name``: ``x``, ``y`` ``(F, N, 4)`` in ``dtype`` (float64: the file's values)."""
-        if name not in SPLITS:
-            raise ValueError(f"unknown split {name!r}; the molecule task has {', '.join(SPLITS)}")
-        x, y = self._tensors[name]
+        x, y = self._split_tensors(name)
         return x.to(dtype), y.to(dtype)
 
     def get_batch(
@@ -166,7 +192,7 @@ class MoleculeTask(Task):
         """``batch_size`` random frames of ``split`` (with replacement), float32."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
-        x, y = self._tensors[split] if split in self._tensors else self.split(split)
+        x, y = self._split_tensors(split)
         pick = torch.randint(x.shape[0], (batch_size,), generator=generator)
         return x[pick].float().to(device), y[pick].float().to(device)
 
@@ -176,50 +202,26 @@ class MoleculeTask(Task):
         t = self.trajectory
         return float(t.energies[idx].mean()), float(np.sqrt((t.forces[idx] ** 2).mean()))
 
-    def model_config(self, sizes: ModelSizes, options: dict[str, Any]) -> MoleculeModelConfig:
-        """The energy model's config: the run's sizes and ``model.*`` options, the task's embedding."""
-        c = self.config
-        fixed = {
-            "algebra": "cl3",
-            "in_channels": 1 + c.vectors,
-            "in_scalars": 1,
-            "out_channels": 1,
-            "out_scalars": 1,
-        }
-        rotor = RotorTransformerConfig.from_sizes(sizes, options, **fixed)
-        rotor = dataclasses.replace(rotor, in_scalars=rotor.scalars)  # the embedding's width is the model's
-        elements = tuple(sorted(set(self.trajectory.atomic_numbers.tolist())))
-        return MoleculeModelConfig(
-            rotor=rotor,
-            elements=elements,
-            cutoff=c.cutoff,
-            n_rbf=c.n_rbf,
-            interactions=c.interactions,
-            vectors=c.vectors,
-            energy_weight=c.energy_weight,
-            force_weight=c.force_weight,
-        )
-
-    def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
-        shift, scale = self.energy_statistics()
-        return MoleculeRotor(self.model_config(sizes, options), energy_shift=shift, energy_scale=scale)
-
     def metrics(self, prediction: Tensor, y: Tensor) -> dict[str, float]:
         """``energy_mae_mev`` and ``force_mae_mev`` (mean over force components, as MD17 reports)."""
         return mae_metrics(prediction, y)
 
     def meta(self) -> dict[str, Any]:
+        """The settings, the file's record (its format, source units and conversion, sha256) and the
+        split's sizes."""
         return {
             "task": self.name,
             "config": dataclasses.asdict(self.config),
             "data": self.trajectory.settings,
+            "split": {split: len(idx) for split, idx in self.indices.items()},
         }
 
     def final_metrics(self, model: TaskModel, device: torch.device) -> dict[str, float]:
-        """Energy and force MAE on the whole val and test splits, each beside the mean predictor's
-        (``{split}_baseline_energy_mae_mev``, ``{split}_baseline_force_mae_mev``: see `baselines`)."""
+        """Energy and force MAE on the whole val and test splits (those this run may read), each beside
+        the mean predictor's (``{split}_baseline_energy_mae_mev``, ``{split}_baseline_force_mae_mev``:
+        see `baselines`)."""
         out = {}
-        for split in ("val", "test"):
+        for split in filter(self.readable, ("val", "test")):
             for key, value in self.evaluate_split(model, split).items():
                 out[f"{split}_{key}"] = value
             for key, value in self.baselines(split).items():
@@ -231,9 +233,11 @@ class MoleculeTask(Task):
         mean and every force zero (``energy_mae_mev``, ``force_mae_mev``). For one molecule this is
         also what per-element reference energies fitted on the training energies predict (every frame
         has the same atoms, so a least-squares fit of ``E ≈ Σ_atoms e_Z`` is the mean): a model's
-        energy MAE means something only well below it."""
+        energy MAE means something only well below it. Empty for a sealed ``split``."""
         if split not in SPLITS:
             raise ValueError(f"split {split!r}: expected one of {', '.join(SPLITS)}")
+        if not self.readable(split):
+            return {}
         _, y = self.split(split, torch.float64)
         mean_energy, _ = self.energy_statistics()
         prediction = torch.zeros_like(y)
