@@ -272,3 +272,17 @@ def test_a_short_training_run_beats_the_uniform_mean(task):
         prediction, _ = model(torch.cat((pool.z, pool.times[..., None]), dim=-1).float())
     learned = task.metrics(prediction, pool.directions.float())["angle_deg"]
     assert math.isfinite(learned) and learned < task.baselines("val")["uniform"]
+
+
+def test_every_lm_backbone_is_a_row_and_runs_causally(task):
+    """The filter task's table is ``LM_TABLE``'s backbones; the task fixes ``causal`` where the config
+    has the switch (the RotorLM's attention has none: always causal)."""
+    from geoattn.models.lm import LM_TABLE
+
+    assert list(FilterTask.table) == list(LM_TABLE)
+    assert FilterTask.model_settings("rt")[1] == ("vocab_size", "block_size", "causal")
+    assert FilterTask.model_settings("rotor")[1] == ("vocab_size", "block_size")
+    for name in LM_TABLE:
+        model = task.build_model(name, *tiny())
+        assert type(model.backbone.config) is LM_TABLE[name].config
+        assert getattr(model.config, "causal", True) and model.config.block_size == task.config.seq_len

@@ -11,7 +11,6 @@ from conftest import SHAKESPEARE as DATA
 
 from geoattn.layers.common import merge_heads, split_heads
 from geoattn.layers.rt_block import RTAttention
-from geoattn.models.lm import LM_MODELS as MODELS
 from geoattn.models.lm import (
     LM_TABLE,
     LMConfig,
@@ -25,6 +24,8 @@ from geoattn.models.lm import (
 )
 from geoattn.models.lm_core import Backbone, LanguageModel, prenorm_blocks
 
+# the GPT family on the shared LMConfig core (the RotorLM's row: tests/test_rotor_lm.py)
+MODELS = [name for name, row in LM_TABLE.items() if issubclass(row.config, LMConfig)]
 SMALL = dict(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32)
 VARIANTS = [(name, {}) for name in MODELS] + [("transformer", {"mlp": "gelu", "pos": "learned"})]
 IDS = [name + ("-nanogpt" if kw else "") for name, kw in VARIANTS]

@@ -163,3 +163,40 @@ def test_offline_download_tells_the_user_to_pass_data(monkeypatch, tmp_path):
     with pytest.raises(registry.DownloadError, match="pass --data FILE"):
         registry.download("tinyshakespeare")
     assert list((tmp_path / "geoattn").iterdir()) == []
+
+
+def test_the_model_table_is_lm_table_with_the_task_recipes():
+    """Every language model of ``LM_TABLE`` (the RotorLM included) is one row of the lm task, with its
+    config class, its recipe's rate and the fields the task fixes; the built model is the table's."""
+    from geoattn.models.base import ModelSizes
+    from geoattn.models.lm import LM_TABLE
+
+    assert list(LMTask.table) == list(LM_TABLE)
+    assert LMTask.recipes == {
+        "transformer": {"lr": 1e-3},
+        "rt": {"lr": 8e-3},
+        "rfa": {"lr": 2e-3},
+        "ngpt": {"lr": 8e-3},
+        "rotor": {"lr": 4e-3},
+    }
+    task = LMTask(None, block_size=8, vocab="abcd")
+    for name, model in LM_TABLE.items():
+        assert LMTask.model_settings(name) == (model.config, ("vocab_size", "block_size"))
+        built = task.build_model(name, ModelSizes(n_layer=1, n_head=2, n_embd=16))
+        assert type(built) is model.lm and type(built.config) is model.config
+        assert (built.config.vocab_size, built.config.block_size) == (4, 8)
+
+
+def test_no_model_name_branch_in_the_lm_and_filter_packages():
+    """What varies by model is a field of its row: no ``model == "..."`` outside a table."""
+    import re
+    from pathlib import Path
+
+    import geoattn
+
+    root = Path(geoattn.__file__).parent
+    pattern = re.compile(r"\bmodel\s*(==|!=|in \()|\bname\s*(==|!=) *\"")
+    for folder in ("tasks/lm", "tasks/filter", "models"):
+        for path in (root / folder).rglob("*.py"):
+            hits = [line for line in path.read_text().splitlines() if pattern.search(line)]
+            assert not hits, f"{path}: {hits}"

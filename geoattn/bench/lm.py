@@ -3,7 +3,7 @@
 A step is what the trainer does (`geoattn.training.trainer.Trainer._step`): forward, backward,
 gradient clipping, AdamW, ``zero_grad`` and the weight renormalisation of the hypersphere models,
 with the trainer's default hyper-parameters, on random token batches of ``--batch`` × T. Every model
-of the lm task (``LMTask.models``: ``LM_MODELS`` and the rotor LM, parameter-matched at the recipe's
+of the lm task (``LMTask.models``, the rows of ``LM_TABLE``, parameter-matched at the recipe's
 width) is measured, each eagerly and through ``torch.compile`` (the trainer's ``--compile``), plus
 the RT model with each ablation switch off and the rotor LM with ``aggregation="compose"``.
 All variants of one T are timed round-robin, one step each in turn (`interleaved_times`), so the
@@ -37,8 +37,7 @@ from geoattn.bench.common import (
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
 from geoattn.models.base import ModelSizes
-from geoattn.models.lm import LMConfig, build_lm, config_class
-from geoattn.models.rotor_lm import RotorLM, RotorLMConfig
+from geoattn.models.lm import build_lm, config_class
 from geoattn.tasks.lm.task import LMTask
 from geoattn.training.compiling import CompiledModel, weight_normalizer
 from geoattn.training.config import TrainConfig
@@ -118,12 +117,8 @@ def training_step(
     sizes = ModelSizes(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=t)
     options = dict(variant.options)
     torch.manual_seed(args.seed)
-    if variant.model == "rotor":  # as the lm task builds it (`LMTask._build`)
-        config = RotorLMConfig.from_sizes(sizes, options, vocab_size=LMConfig.vocab_size, block_size=t)
-        model = RotorLM(config)
-    else:
-        config = config_class(variant.model).from_sizes(sizes, options, block_size=t)
-        model = build_lm(variant.model, config)
+    config = config_class(variant.model).from_sizes(sizes, options, block_size=t)  # as the lm task's rows
+    model = build_lm(variant.model, config)
     step_model = CompiledModel(model) if variant.compiled else model
     normalize_weights = weight_normalizer(model, variant.compiled)
     optimizer = make_optimizer(model, train)

@@ -54,13 +54,13 @@ def build_lm_model(name: str, lm_config: dict[str, Any], vocab: str, block_size:
     a ``model.*`` option. ConfigError if the built model's config differs from ``lm_config``.
     """
     from geoattn.models.base import ModelSizes
-    from geoattn.models.lm import LM_TABLE, saved_config
+    from geoattn.models.lm import saved_config
     from geoattn.tasks.lm.task import LMTask
 
     LMTask.check_model(name)
     _, fixed = LMTask.model_settings(name)
-    if name in LM_TABLE:  # an export from when one config held every model's fields carries them all
-        lm_config = saved_config(name, lm_config)
+    # an export from when one config held every model's fields carries them all
+    lm_config = saved_config(name, lm_config)
     options = {k: v for k, v in lm_config.items() if k not in fixed}
     task = LMTask(None, block_size, vocab=vocab)
     model = task.build_model(name, ModelSizes(block_size=block_size), options)

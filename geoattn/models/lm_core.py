@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -227,11 +228,20 @@ class Backbone(nn.Module):
             x = x + self.wpe(torch.arange(T, device=x.device))
         return to_sphere(x) if self.sphere else x
 
+    @property
+    def width(self) -> int:
+        """Features per token in and out, ``n_embd``."""
+        return self.config.n_embd
+
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         x = self._prepare(x, positions)
         for block in self.blocks:
             x = block(x, positions)
         return x if self.ln_f is None else self.ln_f(x)
+
+    def plots(self, directory: Path) -> list[Path]:
+        """The backbone's own figures of a trained model: none (the rotor backbone plots its positions)."""
+        return []
 
     @torch.no_grad()
     def normalize_weights(self) -> None:

@@ -56,7 +56,7 @@ from geoattn.layers.common import check_input, default_positions
 from geoattn.layers.multivector import GeometricMLP, GradeLayerNorm, MultivectorEmbedding
 from geoattn.layers.rotor_block import RotorAttention
 from geoattn.models.base import ModelSizes, TaskModel
-from geoattn.models.lm import LanguageModel
+from geoattn.models.lm_core import LanguageModel
 from geoattn.settings import settings_from
 
 ATTENTION_INPUT_GAIN = 2.0  # initial gain of each block's attention input norm (see RotorLMBlock)
@@ -182,6 +182,14 @@ class RotorLMConfig:
             "dropout": sizes.dropout,
         }
         return settings_from(cls, options, prefix="model", fixed=fixed, defaults=defaults)
+
+    @classmethod
+    def of(cls, config: Any) -> RotorLMConfig:
+        """``config`` itself (the table's contract, :func:`geoattn.models.lm.build_backbone`); a
+        ConfigError for another model's config, which has no multivector channels to read."""
+        if isinstance(config, cls):
+            return config
+        raise ConfigError(f"model 'rotor' takes RotorLMConfig, not {type(config).__name__}")
 
     def make_algebra(self) -> CliffordAlgebra:
         return named_algebra(self.algebra)

@@ -13,13 +13,11 @@ import torch
 from torch import Tensor
 
 from geoattn.errors import ConfigError
-from geoattn.models.base import ModelSizes, TaskModel
-from geoattn.models.lm import LM_MODELS, config_class
-from geoattn.models.rotor_lm import ROTOR_LM_DESCRIPTION, RotorLMConfig
-from geoattn.tasks.base import Task
+from geoattn.models.base import TaskModel
+from geoattn.tasks.base import ModelRow, Task
 from geoattn.tasks.cache import cache_dir
 from geoattn.tasks.filter import estimators
-from geoattn.tasks.filter.models import FilterModel
+from geoattn.tasks.filter.models import FILTER_TABLE
 from geoattn.tasks.filter.simulator import SPLIT_SEEDS, FilterConfig, FilterSample, simulate
 
 
@@ -27,7 +25,7 @@ class FilterTask(Task):
     """RT-SDE direction filtering (see the module docstring and :class:`FilterConfig`)."""
 
     name: ClassVar[str] = "filter"
-    models: ClassVar[dict[str, str]] = {**LM_MODELS, "rotor": ROTOR_LM_DESCRIPTION}
+    table: ClassVar[dict[str, ModelRow]] = FILTER_TABLE
     Settings: ClassVar[type] = FilterConfig
     description: ClassVar[str] = (
         "estimate a direction drifting on the sphere (the RT-SDE) from noisy measurements"
@@ -58,12 +56,6 @@ class FilterTask(Task):
             raise ConfigError("the filter task generates its data; it takes no --data")
         return cls(settings)
 
-    @classmethod
-    def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
-        if model == "rotor":  # always causal
-            return RotorLMConfig, ("vocab_size", "block_size")
-        return config_class(model), ("vocab_size", "block_size", "causal")
-
     def pool(self, split: str) -> FilterSample:
         """The fixed sequences of ``val`` or ``eval`` (drawn once from the split's seed, cached)."""
         if split not in SPLIT_SEEDS:
@@ -90,16 +82,6 @@ class FilterTask(Task):
             sample = FilterSample(pool.times[index], pool.x[index], pool.z[index], pool.gains[index])
         x = torch.cat((sample.z, sample.times[..., None]), dim=-1).float()
         return x.to(device), sample.directions.float().to(device)
-
-    def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
-        """A causal :class:`FilterModel` around ``build_backbone(model, ...)`` (``rotor``: a
-        :class:`RotorBackbone`) with the run's sizes."""
-        fixed = dict(vocab_size=1, block_size=self.config.seq_len)
-        if model == "rotor":
-            config = RotorLMConfig.from_sizes(sizes, options, **fixed)
-        else:
-            config = config_class(model).from_sizes(sizes, options, **fixed, causal=True)
-        return FilterModel(model, self.config.dim, config)
 
     @torch.no_grad()
     def final_metrics(self, model: TaskModel, device: torch.device) -> dict[str, float]:

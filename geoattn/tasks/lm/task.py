@@ -19,11 +19,10 @@ import torch
 from torch import Tensor
 
 from geoattn.errors import ConfigError, DataError
-from geoattn.models.base import ModelSizes, TaskModel
-from geoattn.models.lm import LM_MODELS, build_lm, config_class
-from geoattn.models.rotor_lm import ROTOR_LM_DESCRIPTION, RotorLM, RotorLMConfig
-from geoattn.tasks.base import EvalRow, Task
+from geoattn.models.base import TaskModel
+from geoattn.tasks.base import EvalRow, ModelRow, Task
 from geoattn.tasks.lm.analysis import key_norms_by_corruption, noisy_split_loss
+from geoattn.tasks.lm.models import LM_TASK_TABLE
 
 TRAIN_FRACTION = 0.9
 CONTEXT_MULTIPLES = (1, 2, 4, 8, 16)
@@ -77,23 +76,8 @@ class LMTask(Task):
     """
 
     name: ClassVar[str] = "lm"
-    models: ClassVar[dict[str, str]] = {**LM_MODELS, "rotor": ROTOR_LM_DESCRIPTION}
+    table: ClassVar[dict[str, ModelRow]] = LM_TASK_TABLE
     Settings: ClassVar[type] = LMSettings
-    # the learning rates chosen on the selection split by experiments/lm-lr.toml (the same grid
-    # 5e-4 … 8e-3 for every model, one seed; results/lm-lr.md); ALiBi (a transformer option)
-    # chose the transformer's 1e-3; rt and nGPT chose the grid's top rate
-    recipes: ClassVar[dict[str, dict[str, Any]]] = {
-        "transformer": {"lr": 1e-3},
-        "rt": {"lr": 8e-3},
-        "ngpt": {"lr": 8e-3},
-        "rfa": {"lr": 2e-3},
-        "rotor": {"lr": 4e-3},
-    }
-    # the models whose compiled step is faster than their eager one at the recipe
-    # (`geoattn bench lm --compile both`); rfa and the rotor LM are not. The transformer's eager step
-    # is as fast as its compiled one inside a whole run, so a fresh process does not pay the compile
-    # (`geoattn bench train --peer nanogpt --cache cold`, BENCHMARKS.md)
-    compile_wins: ClassVar[frozenset[str]] = frozenset({"rt", "ngpt"})
     description: ClassVar[str] = "character-level language modelling on a UTF-8 text (nanoGPT's recipe)"
 
     def __init__(
@@ -155,10 +139,6 @@ class LMTask(Task):
         vocab = None if meta is None else meta["vocab"]
         return cls(path, block_size, vocab=vocab, settings=settings)
 
-    @classmethod
-    def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
-        return (RotorLMConfig if model == "rotor" else config_class(model)), ("vocab_size", "block_size")
-
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)
@@ -197,14 +177,6 @@ class LMTask(Task):
             noisy = torch.rand(x.shape, generator=generator) < self.settings.corrupt
             x = torch.where(noisy, torch.randint(self.vocab_size, x.shape, generator=generator), x)
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-
-    def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
-        """``build_lm(model, config)`` in the model's own config class (``rotor``:
-        ``RotorLM(RotorLMConfig)``) with the run's sizes, ``model.*`` options and this vocabulary."""
-        fixed = dict(vocab_size=self.vocab_size, block_size=self.block_size)
-        if model == "rotor":
-            return RotorLM(RotorLMConfig.from_sizes(sizes, options, **fixed))
-        return build_lm(model, config_class(model).from_sizes(sizes, options, **fixed))
 
     # ------------------------------------------------------------------ evaluation ---------------
     @torch.no_grad()
