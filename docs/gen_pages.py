@@ -46,7 +46,13 @@ home = sb.markdown_intro(README) + "\n" + sb.markdown_section(README, "Set-up: t
 write("index.md", sb.rewrite_links(home, LINKS))
 usage = ["# Usage", ""]
 extras = "Hugging Face, TensorBoard, a documentation site (optional extras)"
-usage_sections = ("Use the layers", "What runs where", "The native build", "Train, evaluate, sample, measure")
+usage_sections = (
+    "Use the layers",
+    "What runs where",
+    "The native build",
+    "Bring your data",
+    "Train, evaluate, sample, measure",
+)
 for heading in (*usage_sections, extras):
     usage.append(sb.markdown_section(README, heading))
 write("usage.md", sb.rewrite_links("\n".join(usage), LINKS))
@@ -71,18 +77,20 @@ for name in sorted(known - set(missing)):
     log.info(f"docs/undocumented.txt lists {name}, which is documented or gone: remove the line")
 
 # ------------------------------------------------------------------ results and benchmarks -------
+# The experiments a user reruns are results/NAME.md (site: results/experiments/), the probes
+# results/probes/NAME.md (site: results/probes/, reached from the one index page docs/results/probes.md).
 section = sb.markdown_section(README, "Results").split("\n", 1)[1]  # without its "## Results" line
 reports = sorted((ROOT / "results").glob("*.md"))
+probes = sorted((ROOT / "results" / "probes").glob("*.md"))
+links = sb.results_page_links((p.name for p in reports), (p.name for p in probes))
+section = sb.rewrite_links(section, links)
 section = sb.rewrite_links(section, {old: f"../{new}" for old, new in DOCS_LINKS.items()})
-results = ["# Results", "", sb.rewrite_links(section, sb.results_page_links(p.name for p in reports))]
-if reports:
-    results += ["## Experiment reports (`geoattn experiment`)", ""]
-    results += [f"* [{p.stem}](experiments/{p.name})" for p in reports]
-write("results/index.md", "\n".join(results) + "\n")
-for report in reports:
-    write(f"results/experiments/{report.name}", report.read_text(encoding="utf-8"))
-for image in sorted((ROOT / "results").glob("*.png")):
-    write_bytes(f"results/experiments/{image.name}", image.read_bytes())
+write("results/index.md", "\n".join(["# Results", "", section]) + "\n")
+for folder, pages in (("experiments", reports), ("probes", probes)):
+    for report in pages:
+        write(f"results/{folder}/{report.name}", report.read_text(encoding="utf-8"))
+    for image in sorted(pages[0].parent.glob("*.png")) if pages else ():
+        write_bytes(f"results/{folder}/{image.name}", image.read_bytes())
 write("results/benchmarks.md", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
 
 # ------------------------------------------------------------------ figures ----------------------
@@ -94,6 +102,7 @@ with tempfile.TemporaryDirectory() as tmp:
 nav = [
     "* [Home](index.md)",
     "* [Usage](usage.md)",
+    "* [Bring your data](your-data.md)",
     "* Concepts",
     "    * [RT-Filter attention](concepts/rt-filter.md)",
     "    * [Rotors](concepts/rotors.md)",
@@ -107,6 +116,8 @@ nav = [
     *nav_api,
     "* [Results](results/index.md)",
     *[f"    * [{p.stem}](results/experiments/{p.name})" for p in reports],
+    "    * [Exploratory findings](results/findings.md)",
+    "    * [Probes](results/probes.md)",
     "    * [Benchmarks](results/benchmarks.md)",
     "* [About these docs](about.md)",
 ]

@@ -50,11 +50,24 @@ def shift_headings(markdown: str, by: int) -> str:
     return "\n".join(out) + "\n"
 
 
-def results_page_links(report_names: Iterable[str]) -> dict[str, str]:
+def results_page_links(report_names: Iterable[str], probe_names: Iterable[str] = ()) -> dict[str, str]:
     """Link targets of README's Results section → the results page's (``results/index.md``): the
-    reports ``results/NAME.md`` sit beside it under ``experiments/``, BENCHMARKS.md as ``benchmarks.md``."""
+    reports ``results/NAME.md`` sit beside it under ``experiments/``, the probes' ``results/probes/NAME.md``
+    under ``probes/``, the pages ``docs/results/PAGE.md`` beside it, BENCHMARKS.md as ``benchmarks.md``."""
     reports = {f"results/{name}": f"experiments/{name}" for name in report_names}
-    return {"BENCHMARKS.md": "benchmarks.md", **reports}
+    probes = {f"results/probes/{name}": f"probes/{name}" for name in probe_names}
+    pages = {f"docs/results/{p.name}": p.name for p in (Path(__file__).parent / "results").glob("*.md")}
+    return {"BENCHMARKS.md": "benchmarks.md", **reports, **probes, **pages}
+
+
+# Pages the site build writes (docs/gen_pages.py), relative to docs/: a docs page may link them.
+GENERATED = ("index.md", "usage.md", "cli.md", "results/index.md", "results/benchmarks.md")
+GENERATED_FOLDERS = ("results/experiments/", "results/probes/", "reference/", "concepts/figures/")
+
+
+def is_generated(page: str) -> bool:
+    """Whether ``page`` (a path relative to docs/) is one the site build writes, not a file in docs/."""
+    return page in GENERATED or page.startswith(GENERATED_FOLDERS)
 
 
 def rewrite_links(markdown: str, targets: dict[str, str]) -> str:

@@ -1,4 +1,4 @@
-"""Monte Carlo of the RT-SDE (eq. 3) against the closed-form angular variance (SPEC §1.1).
+"""Monte Carlo of the RT-SDE (eq. 3) against the closed-form angular variance (docs/concepts/rt-filter.md).
 
 Prints, at Δt = 0.5, 1, 2, the per-tangent-dimension angular variance of the transported
 measurement direction R(Δt) u_z(0) around the true direction u(Δt), from 4000 simulated paths, next

@@ -62,7 +62,7 @@ def test_flex_on_cuda_matches_reference(causal, times):
 
 def test_flex_path_runs_under_a_compiled_caller():
     """A model compiled around `rt_attention` (the trainer's ``--compile``): the same values as the
-    uncompiled call. (Failed on the H200 on 2026-12-04 while the flex call was lowered inside the
+    uncompiled call. (Failed on the H200 while the flex call was lowered inside the
     caller's graph; flex's `attend` is a graph break since, held on the CPU by
     ``tests/test_rt_flex.py::test_a_compiled_caller_runs_flex_as_its_own_compiled_call``.)"""
     from geoattn.attention.rt import rt_attention

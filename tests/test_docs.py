@@ -8,6 +8,7 @@ cross-references (required for full geoattn paths), and the README sections the 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -181,3 +182,45 @@ def test_rewrite_links_keeps_anchors():
     text = "see [a](docs/tasks.md#series) and [b](docs/tasks.md)"
     out = sb.rewrite_links(text, {"docs/tasks.md": "tasks.md"})
     assert out == "see [a](tasks.md#series) and [b](tasks.md)"
+
+
+_ITEM = re.compile(r"(?:[*-]|\d+\.) ")
+
+
+def lists_read_as_paragraphs(text: str, where: str) -> list[str]:
+    """Each list item that starts directly under a paragraph line: Markdown (Python-Markdown, the
+    site's) needs a blank line before a list, or the items join the paragraph as plain text. A list
+    lasts across blank lines while what follows is indented (an item's continuation) or display maths."""
+    found, fenced, in_list, previous = [], False, False, ""
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fenced, in_list, previous = not fenced, False, line
+            continue
+        if fenced:
+            continue
+        if _ITEM.match(line):
+            paragraph = previous.strip() and not previous.startswith((" ", "#", "|", "<"))
+            if paragraph and not in_list:
+                found.append(f"{where}:{number}: a list item directly under a paragraph: {line[:40]!r}")
+            in_list = True
+        elif line.strip() and not previous.strip() and not line.startswith((" ", "$$")):
+            in_list = False
+        previous = line
+    return found
+
+
+def test_no_list_reads_as_a_paragraph():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    found = []
+    for page in pages:
+        found += lists_read_as_paragraphs(page.read_text(encoding="utf-8"), page.relative_to(ROOT).as_posix())
+    assert found == []
+
+
+def test_a_list_under_a_paragraph_is_caught():
+    text = "In short:\n* one\n* two\n\nSteps:\n\n1. first\n   still first\n2. second\n\n## Heading\n- fine\n"
+    text += "```\nIn code:\n* not a list\n```\nAnd\n1. numbered\n"
+    assert lists_read_as_paragraphs(text, "x.md") == [
+        "x.md:2: a list item directly under a paragraph: '* one'",
+        "x.md:18: a list item directly under a paragraph: '1. numbered'",
+    ]

@@ -85,7 +85,7 @@ def test_each_peer_cell_of_the_repository_is_written_once():
     """A peer cell several experiments report lives in peers.toml only (the copies had to stay identical
     for the experiments to share runs); each named peer is reported by two or more experiments."""
     inline, named = defaultdict(set), defaultdict(set)
-    for path in sorted(EXPERIMENTS.glob("*.toml")):
+    for path in sorted([*EXPERIMENTS.glob("*.toml"), *EXPERIMENTS.glob("probes/*.toml")]):
         if path.name == PEERS_FILE:
             continue
         for cell in tomllib.loads(path.read_text(encoding="utf-8"))["cells"]:

@@ -29,7 +29,7 @@ from geoattn.errors import ConfigError, DataError
 
 DATASET = "shakespeare_char"
 CONFIG = "config/train_shakespeare_char.py"
-# nanoGPT's README command for a CPU, at SPEC §3's lm row (4 layers × 4 heads × 128, ctx 64, batch 12)
+# nanoGPT's README command for a CPU, at the lm recipe (docs/tasks.md#lm: 4 layers × 4 heads × 128, ctx 64)
 RECIPE = (
     CONFIG, "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
     "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",

@@ -3,7 +3,7 @@
 ``score_mod`` captures the times, ``log m²`` and the four per-head parameters; FlexAttention's own
 backward differentiates it, so every one of them gets its gradient.
 
-On a GPU (an H200, torch 2.11, 2026-12-04) its values and every gradient matched the float64 reference
+On a GPU (an H200, torch 2.11) its values and every gradient matched the float64 reference
 (``tests/test_cuda.py``, 300 tokens, causal and not, default and irregular times); it has not been
 timed there yet. The CPU tests compile the same call (``tests/test_rt_flex.py``): the forward with
 inductor, and forward and backward with the ``aot_eager`` backend (Dynamo and AOTAutograd trace the
