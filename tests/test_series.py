@@ -140,7 +140,7 @@ def test_grid_and_interpolation_follow_torchcde():
     ]
     grid = to_grid(pack(observations, length=4))
     assert grid.values.shape == (2, 6, 2) and grid.last.tolist() == [5, 4]
-    assert grid.observed[0].tolist() == [False, True, True, False, False, True]
+    assert grid.observed[0].all(-1).tolist() == [False, True, True, False, False, True]  # per channel
     torch.testing.assert_close(grid.values[1, 4], torch.tensor([3.0, 5.0]))
     assert torch.isnan(grid.values[1, 1:4]).all() and torch.isnan(grid.values[1, 5]).all()
     expected = torchcde.linear_interpolation_coeffs(grid.values)

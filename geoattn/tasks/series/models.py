@@ -13,9 +13,18 @@
 
 ``forward(x (B, N, 2 + C), y (B,) | None) -> (logits (B, classes), cross-entropy | None)``.
 
+A channel may be unobserved at a row (NaN in ``x``: irregular data where each channel has its own
+times): ``rt`` and ``mtan`` then also embed the missing-channel indicator (built when the task's data
+has such rows, ``partial``), ``grud`` decays each channel by its own time since observation and ``ncde``
+interpolates each channel between its own observations.
+
+:data:`TABLE` is the task's model table: each ``--model`` name's config, build, recipe, description.
+
 Every model is invariant to padding: appending padding rows to a batch leaves each series' logits
-unchanged (tests/test_series.py). ``grud`` and ``ncde`` work on the integer time grid 0 … T − 1 of the
-original samples (the times are original sample indices, :mod:`.data`).
+unchanged (tests/test_series.py). ``grud`` and ``ncde`` step along a time grid (``model.grid``):
+``"unit"``, the integer grid 0 … T − 1 of the original samples (times that are sample indices, the
+default for ``.ts`` files and bundled sets), or ``"rows"``, each series' own observation times (any
+real times, the default for tables).
 """
 
 from __future__ import annotations
@@ -36,11 +45,13 @@ from geoattn.layers.transformer import make_mlp, make_norm
 from geoattn.models.base import ModelSizes, TaskModel, decay_groups
 from geoattn.models.lm_rt import RTConfig, rt_backbone
 from geoattn.settings import settings_from
+from geoattn.tasks.base import ModelRow, Recipe
 from geoattn.tasks.series.data import EXTRA, unpack
 
 TIMES = ("actual", "index")
 INTERPOLATIONS = ("linear", "hermite")
 SOLVERS = ("rk4", "midpoint", "euler")
+GRIDS = ("unit", "rows")
 
 
 def _cross_entropy(logits: Tensor, y: Tensor | None) -> Tensor | None:
@@ -55,6 +66,26 @@ def masked_mean(h: Tensor, mask: Tensor) -> Tensor:
     """Mean of ``h (B, N, F)`` over the rows where ``mask (B, N)`` is set: ``(B, F)``."""
     weight = mask.to(h.dtype)[..., None]
     return (h * weight).sum(1) / weight.sum(1).clamp_min(1.0)
+
+
+def _grid_choice(config: Any) -> None:
+    if config.grid not in GRIDS:
+        raise ConfigError(f"model.grid must be one of {', '.join(GRIDS)}, got {config.grid!r}")
+
+
+def missing_embedding(channels: int, n_embd: int, partial: bool) -> nn.Linear | None:
+    """The bias-free embedding of the missing-channel indicator, for data where a row may lack some
+    channels (``partial``), so "not observed" differs from "observed as 0"; None otherwise."""
+    return nn.Linear(channels, n_embd, bias=False) if partial else None
+
+
+def embed_observations(
+    embed: nn.Linear, missing: nn.Linear | None, values: Tensor, observed: Tensor
+) -> Tensor:
+    """``embed(values) (+ missing(1 − observed))``: ``values (B, N, C)`` (0 where unobserved) and
+    ``observed (B, N, C)`` bool → ``(B, N, n_embd)``."""
+    h = embed(values)
+    return h if missing is None else h + missing((~observed).to(values.dtype))
 
 
 def _positive(config: Any, *names: str) -> None:
@@ -107,18 +138,19 @@ class SeriesRT(TaskModel):
     are discarded by the masked pooling.
     """
 
-    def __init__(self, config: SeriesRTConfig, channels: int, n_classes: int):
+    def __init__(self, config: SeriesRTConfig, channels: int, n_classes: int, partial: bool = False):
         super().__init__()
         self.config = config
         self.embed = nn.Linear(channels, config.n_embd)
+        self.embed_missing = missing_embedding(channels, config.n_embd, partial)
         self.backbone = rt_backbone(config)
         self.norm = nn.LayerNorm(config.n_embd)
         self.head = nn.Linear(config.n_embd, n_classes)
 
     def _inputs(self, x: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
-        times, mask, values = unpack(x)
+        times, mask, values, observed = unpack(x)
         positions = times if self.config.times == "actual" else None  # None: 0 … N − 1
-        h = self.embed(values)
+        h = embed_observations(self.embed, self.embed_missing, values, observed)
         return (to_sphere(h) if self.backbone.sphere else h), positions, mask
 
     def encode(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -265,18 +297,21 @@ class SeriesMTAN(TaskModel):
     norm, masked mean pooling, linear classifier. mTAN's time embedding in a standard encoder, not
     mTAN's attention to reference time points."""
 
-    def __init__(self, config: MTANConfig, channels: int, n_classes: int, time_scale: float):
+    def __init__(
+        self, config: MTANConfig, channels: int, n_classes: int, time_scale: float, partial: bool = False
+    ):
         super().__init__()
         self.config = config
         self.embed = nn.Linear(channels, config.n_embd)
+        self.embed_missing = missing_embedding(channels, config.n_embd, partial)
         self.time = TimeEmbedding(config.n_embd, time_scale)
         self.blocks = nn.ModuleList(MaskedBlock(config) for _ in range(config.n_layer))
         self.ln_f = make_norm("layernorm", config.n_embd)
         self.head = nn.Linear(config.n_embd, n_classes)
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        times, mask, values = unpack(x)
-        h = self.embed(values) + self.time(times)
+        times, mask, values, observed = unpack(x)
+        h = embed_observations(self.embed, self.embed_missing, values, observed) + self.time(times)
         for block in self.blocks:
             h = block(h, mask)
         logits = self.head(masked_mean(self.ln_f(h), mask))
@@ -289,63 +324,90 @@ class SeriesMTAN(TaskModel):
 
 @dataclass
 class Grid:
-    """A batch on the integer time grid ``0 … T − 1``: ``values (B, T, C)`` (NaN where nothing was
-    observed), ``observed (B, T)`` bool and each series' last observed grid index ``last (B,)``."""
+    """A batch on a time grid of ``T`` steps: ``values (B, T, C)`` (NaN where a channel was not
+    observed), ``observed (B, T, C)`` bool, the steps' times ``times (B, T)`` and each series' last
+    step with an observation ``last (B,)``."""
 
     values: Tensor
     observed: Tensor
+    times: Tensor
     last: Tensor
 
 
-def to_grid(x: Tensor, *, min_length: int = 1) -> Grid:
-    """Scatter the packed observations of ``x (B, N, 2 + C)`` onto the grid of their times.
+def to_grid(x: Tensor, grid: str = "unit", *, min_length: int = 1) -> Grid:
+    """The packed observations of ``x (B, N, 2 + C)`` on a time grid (at least ``min_length`` steps).
 
-    ``T`` = the largest observed time + 1 (at least ``min_length``), so padding rows never change it.
-    ValueError unless every observed time is a non-negative integer (an original sample index).
+    ``grid="unit"``: the integer grid ``0 … T − 1``, ``T`` = the largest observed time + 1, so padding
+    rows never change it; ValueError unless every observed time is a non-negative integer (an original
+    sample index). ``grid="rows"``: each series' own rows (any real times; padding rows, unobserved,
+    at the series' last time).
     """
-    times, mask, values = unpack(x)
-    observed_times = times[mask]
-    if observed_times.numel() == 0:
+    times, mask, values, observed = unpack(x)
+    rows = mask & observed.any(-1)  # a row with at least one channel observed
+    if not bool(rows.any()):
         raise ValueError("x has no observed rows (mask x[..., 1] is 0 everywhere)")
+    missing = values.masked_fill(~observed, math.nan)
+    b, n, c = values.shape
+    if grid == "rows":
+        if n < min_length:
+            pad = min_length - n
+            missing = torch.cat((missing, missing.new_full((b, pad, c), math.nan)), 1)
+            observed = torch.cat((observed, observed.new_zeros(b, pad, c)), 1)
+            rows = torch.cat((rows, rows.new_zeros(b, pad)), 1)
+            times = torch.cat((times, times.new_zeros(b, pad)), 1)
+        latest = torch.where(rows, times, -math.inf).cummax(1).values
+        steps = torch.arange(rows.shape[1], device=x.device)
+        last = torch.where(rows, steps, -1).max(1).values
+        return Grid(missing, observed, torch.where(rows, times, latest), last)
+    if grid != "unit":
+        raise ValueError(f"grid must be one of {', '.join(GRIDS)}, got {grid!r}")
+    observed_times = times[rows]
     if bool((observed_times < 0).any()) or not torch.equal(observed_times, observed_times.round()):
-        raise ValueError("grud and ncde need integer times ≥ 0 (original sample indices) on observed rows")
-    b, _, c = values.shape
+        raise ValueError(
+            "model.grid='unit' needs integer times ≥ 0 (original sample indices) on observed rows; "
+            "model.grid='rows' takes any times"
+        )
     length = max(int(observed_times.max()) + 1, min_length)
-    index = torch.where(mask, times, 0).long()  # padding rows write nowhere (masked below)
-    grid = values.new_full((b, length + 1, c), math.nan)
-    seen = torch.zeros(b, length + 1, dtype=torch.bool, device=x.device)
+    index = torch.where(rows, times, 0).long()
+    values_grid = values.new_full((b, length + 1, c), math.nan)
+    seen = torch.zeros(b, length + 1, c, dtype=torch.bool, device=x.device)
     # padding goes to the spare column `length`, dropped afterwards
-    slot = torch.where(mask, index, length)
-    grid.scatter_(1, slot[..., None].expand(-1, -1, c), values)
-    seen.scatter_(1, slot, mask)
-    last = torch.where(mask, index, -1).max(1).values
-    return Grid(grid[:, :length], seen[:, :length], last)
+    slot = torch.where(rows, index, length)[..., None].expand(-1, -1, c)
+    values_grid.scatter_(1, slot, missing)
+    seen.scatter_(1, slot, observed & rows[..., None])
+    last = torch.where(rows, index, -1).max(1).values
+    steps = torch.arange(length, device=x.device, dtype=x.dtype).expand(b, -1)
+    return Grid(values_grid[:, :length], seen[:, :length], steps, last)
 
 
 def fill_linear(grid: Grid) -> Tensor:
-    """``grid.values (B, T, C)`` with every NaN row filled as torchcde's ``linear_interpolation_coeffs``
-    fills missing values (linear in the grid index between the neighbouring observations, the first
-    observation before it, the last after it), for all channels of a row at once.
+    """``grid.values (B, T, C)`` with every NaN filled as torchcde's ``linear_interpolation_coeffs``
+    fills missing values, per channel (linear in the grid's times between the channel's neighbouring
+    observations, its first observation before it, its last after it; 0, the training mean, for a
+    channel a series never observes).
 
     The same numbers as torchcde's (tests/test_series.py), vectorised: torchcde walks each channel of
     each series in Python, which cost 0.28 s on a batch of 32 JapaneseVowels series, five times the
     CDE solve itself.
     """
     b, length, c = grid.values.shape
-    steps = torch.arange(length, device=grid.values.device)
+    steps = torch.arange(length, device=grid.values.device)[None, :, None]
     big = length  # beyond any index
-    before = torch.where(grid.observed, steps, -1).cummax(1).values  # latest observation ≤ g, or −1
-    after = torch.where(grid.observed, steps, big).flip(1).cummin(1).values.flip(1)  # first ≥ g, or T
-    first = torch.where(grid.observed, steps, big).min(1, keepdim=True).values
-    final = grid.last[:, None]
-    before = torch.where(before < 0, first, before)
-    after = torch.where(after >= big, final, after)
+    seen = grid.observed
+    before = torch.where(seen, steps, -1).cummax(1).values  # latest observation ≤ g, or −1
+    after = torch.where(seen, steps, big).flip(1).cummin(1).values.flip(1)  # first ≥ g, or T
+    first = torch.where(seen, steps, big).min(1, keepdim=True).values
+    final = torch.where(seen, steps, -1).max(1, keepdim=True).values
+    before = torch.where(before < 0, first, before).clamp(0, length - 1)
+    after = torch.where(after >= big, final, after).clamp(0, length - 1)
     values = torch.nan_to_num(grid.values, nan=0.0)
-    lo = values.gather(1, before[..., None].expand(-1, -1, c))
-    hi = values.gather(1, after[..., None].expand(-1, -1, c))
-    span = (after - before).to(values.dtype)
-    ratio = torch.where(span > 0, (steps - before).to(values.dtype) / span.clamp_min(1), 0.0)
-    return lo + ratio[..., None] * (hi - lo)
+    lo, hi = values.gather(1, before), values.gather(1, after)
+    times = grid.times[..., None].expand(-1, -1, c).to(values.dtype)
+    t_lo, t_hi = times.gather(1, before), times.gather(1, after)
+    span = t_hi - t_lo
+    ratio = torch.where(span > 0, (times - t_lo) / torch.where(span > 0, span, 1.0), 0.0)
+    filled = lo + ratio * (hi - lo)
+    return filled * seen.any(1, keepdim=True).to(values.dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -359,13 +421,17 @@ class GRUDConfig:
     Fields:
         hidden: GRU state size.
         dropout: on the final state before the classifier.
+        grid: the steps of the recurrence: ``"unit"`` (the integer sample grid 0 … T − 1) or ``"rows"``
+            (each series' observation times); the task sets it from its data's times unless given.
     """
 
     hidden: int = 64
     dropout: float = 0.0
+    grid: str = "unit"
 
     def __post_init__(self) -> None:
         _positive(self, "hidden")
+        _grid_choice(self)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"GRUDConfig.dropout must be in [0, 1), got {self.dropout}")
 
@@ -382,8 +448,8 @@ class GRUDConfig:
 class SeriesGRUD(TaskModel):
     """GRU-D over the time grid ``0 … T − 1``, classified from the state at each series' last observation.
 
-    Per grid step ``g``, with ``m_g`` the observation mask (per channel), ``δ_g`` the time since the
-    channel's previous observation (``δ_0 = 0``; before the first observation, the time since 0) and
+    Per grid step ``g`` (``model.grid``), with ``m_g`` the observation mask (per channel), ``δ_g`` the
+    time since the channel's previous observation (before its first observation, the time since 0) and
     ``x'_g`` that observation (the empirical mean ``x̄ = 0`` before any: the values are normalised
     with the training mean)::
 
@@ -394,10 +460,10 @@ class SeriesGRUD(TaskModel):
     (``w_x`` diagonal, ``W_h`` full, as the GRU-D paper.)
     """
 
-    def __init__(self, config: GRUDConfig, channels: int, n_classes: int):
+    def __init__(self, config: GRUDConfig, channels: int, n_classes: int, partial: bool = False):
         super().__init__()
         self.config = config
-        self.channels = channels
+        self.channels = channels  # `partial` needs nothing more: GRU-D reads the mask per channel
         self.decay_x = nn.Parameter(torch.zeros(2, channels))  # rows: w_x, b_x
         self.decay_h = nn.Linear(channels, config.hidden)
         self.cell = nn.GRUCell(2 * channels, config.hidden)
@@ -407,19 +473,21 @@ class SeriesGRUD(TaskModel):
             self.decay_x[0].fill_(0.1)
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        grid = to_grid(x)
+        grid = to_grid(x, self.config.grid)
         b, length, c = grid.values.shape
-        m = grid.observed.to(x.dtype)[..., None].expand(-1, -1, c)  # (B, T, C)
-        steps = torch.arange(length, device=x.device, dtype=x.dtype)
-        # index of the latest observation strictly before each step (0 before the first one)
-        seen_at = torch.where(grid.observed, steps, 0.0).cummax(1).values  # (B, T), at or before
-        before = torch.cat((seen_at.new_zeros(b, 1), seen_at[:, :-1]), 1)
-        delta = (steps - before)[..., None].expand(-1, -1, c)  # (B, T, C)
-        # last observed value strictly before each step: forward fill, shifted; x̄ = 0 before any
+        m = grid.observed.to(x.dtype)  # (B, T, C)
+        times = grid.times[..., None].expand(-1, -1, c)  # (B, T, C)
+        # time of each channel's latest observation strictly before each step (0 before the first)
+        seen_at = torch.where(grid.observed, times, 0.0).cummax(1).values  # at or before
+        before = torch.cat((seen_at.new_zeros(b, 1, c), seen_at[:, :-1]), 1)
+        delta = times - before  # (B, T, C)
+        # each channel's last observed value strictly before each step: forward fill, shifted; x̄ = 0
+        # before any
         filled = torch.nan_to_num(grid.values, nan=0.0)
-        last_index = torch.where(grid.observed, torch.arange(length, device=x.device), 0).cummax(1).values
-        carried = filled.gather(1, last_index[..., None].expand(-1, -1, c))
-        carried = carried * grid.observed.cumsum(1).clamp_max(1)[..., None].to(x.dtype)
+        steps = torch.arange(length, device=x.device)[None, :, None]
+        last_index = torch.where(grid.observed, steps, 0).cummax(1).values
+        carried = filled.gather(1, last_index)
+        carried = carried * grid.observed.cumsum(1).clamp_max(1).to(x.dtype)
         previous = torch.cat((carried.new_zeros(b, 1, c), carried[:, :-1]), 1)
         gamma_x = torch.exp(-F.relu(self.decay_x[0] * delta + self.decay_x[1]))
         x_hat = m * filled + (1 - m) * gamma_x * previous
@@ -449,7 +517,9 @@ class NCDEConfig:
         interpolation: ``"hermite"`` (cubic Hermite with backward differences: C¹, so a fixed-step
             solver sees no kinks at the knots) or ``"linear"``.
         solver: fixed-step ``torchdiffeq`` method, ``"rk4"``, ``"midpoint"`` or ``"euler"``.
-        step: solver step in grid units (1 = one original sample).
+        step: solver step in grid units (1 = one original sample, or one row with ``grid="rows"``).
+        grid: the path's knots: ``"unit"`` (the integer sample grid) or ``"rows"`` (each series'
+            observation times, time a channel of the path); the task sets it from its data's times.
     """
 
     hidden: int = 32
@@ -457,9 +527,11 @@ class NCDEConfig:
     interpolation: str = "hermite"
     solver: str = "rk4"
     step: float = 1.0
+    grid: str = "unit"
 
     def __post_init__(self) -> None:
         _positive(self, "hidden", "vf_hidden")
+        _grid_choice(self)
         if self.interpolation not in INTERPOLATIONS:
             raise ConfigError(
                 f"model.interpolation must be 'hermite' or 'linear', got {self.interpolation!r}"
@@ -509,7 +581,9 @@ class SeriesNCDE(TaskModel):
     with backward differences is causal), so padding does not change it.
     """
 
-    def __init__(self, config: NCDEConfig, channels: int, n_classes: int, time_scale: float):
+    def __init__(
+        self, config: NCDEConfig, channels: int, n_classes: int, time_scale: float, partial: bool = False
+    ):
         super().__init__()
         _torchcde()  # the one-line install hint at build time, not at the first forward
         self.config = config
@@ -523,11 +597,10 @@ class SeriesNCDE(TaskModel):
         """The torchcde control ``(B, T, 1 + C)`` = [t / time_scale, values] on the grid, the dropped
         values filled by :func:`fill_linear` (``fill=False``: left NaN, as torchcde takes them), and
         each series' last observed index ``(B,)``."""
-        grid = to_grid(x, min_length=2)
-        b, length, _ = grid.values.shape
-        t = torch.arange(length, device=x.device, dtype=x.dtype) / self.time_scale
+        grid = to_grid(x, self.config.grid, min_length=2)
+        t = grid.times.to(x.dtype) / self.time_scale
         values = fill_linear(grid) if fill else grid.values
-        return torch.cat((t[None, :, None].expand(b, -1, 1), values), -1), grid.last
+        return torch.cat((t[..., None], values), -1), grid.last
 
     def forward(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         cde, c = _torchcde(), self.config
@@ -548,3 +621,69 @@ class SeriesNCDE(TaskModel):
         )  # (B, T, H)
         logits = self.head(z[torch.arange(z.shape[0], device=z.device), last])
         return logits, _cross_entropy(logits, y)
+
+
+# --------------------------------------------------------------------------------------------------
+# The model table
+
+
+def _build_rt(task: Any, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
+    config = SeriesRTConfig.from_sizes(sizes, options, **RT_FIXED, block_size=task.longest)
+    return SeriesRT(config, task.channels, len(task.classes), task.partial)
+
+
+def _build_mtan(task: Any, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
+    config = MTANConfig.from_sizes(sizes, options)
+    return SeriesMTAN(config, task.channels, len(task.classes), task.time_scale, task.partial)
+
+
+def _build_grud(task: Any, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
+    config = GRUDConfig.from_sizes(sizes, {"grid": task.grid, **options})
+    return SeriesGRUD(config, task.channels, len(task.classes), task.partial)
+
+
+def _build_ncde(task: Any, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
+    config = NCDEConfig.from_sizes(sizes, {"grid": task.grid, **options})
+    return SeriesNCDE(config, task.channels, len(task.classes), task.time_scale, task.partial)
+
+
+# the training budget every model's recipe shares: evaluation only at the end (the splits are small;
+# JapaneseVowels: 216 training series, so ~60 passes)
+_BUDGET = {
+    "max_iters": 400,
+    "batch_size": 32,
+    "warmup_iters": 20,
+    "weight_decay": 0.01,
+    "eval_interval": 400,
+    "eval_iters": 4,
+}
+
+# --model name -> row; the learning rates chosen on JapaneseVowels' validation split by
+# experiments/series-lr.toml
+TABLE: dict[str, ModelRow] = {
+    "rt": ModelRow(
+        SeriesRTConfig,
+        _build_rt,
+        "RT-Transformer encoder at the observation times (model.times=index: positions 0..n-1)",
+        Recipe({**_BUDGET, "lr": 1e-2, "n_layer": 2, "n_head": 2, "n_embd": 32}),
+        fixed=(*RT_FIXED, "block_size"),
+    ),
+    "mtan": ModelRow(
+        MTANConfig,
+        _build_mtan,
+        "Transformer with mTAN's learned sinusoidal time embedding, masked attention",
+        Recipe({**_BUDGET, "lr": 1e-3, "n_layer": 2, "n_head": 2, "n_embd": 32}),
+    ),
+    "grud": ModelRow(
+        GRUDConfig,
+        _build_grud,
+        "GRU-D: input and hidden-state decay by the time since the last observation",
+        Recipe({**_BUDGET, "lr": 1e-2, "n_embd": 64}),
+    ),
+    "ncde": ModelRow(
+        NCDEConfig,
+        _build_ncde,
+        "Neural CDE (torchcde) on the interpolated path of (t, x)",
+        Recipe({**_BUDGET, "lr": 1e-3, "n_embd": 32}),
+    ),
+}

@@ -1,16 +1,18 @@
-"""The ``series`` task: classify irregularly sampled real time series (sets bundled inside sktime,
-:mod:`.data`) with models that all receive the observation times (:mod:`.models`).
+"""The ``series`` task: classify irregularly sampled real time series (a set bundled with sktime or
+aeon, a ``.ts`` pair or a long table; :mod:`.data`) with models that all receive the observation times
+(:mod:`.models`, whose :data:`~geoattn.tasks.series.models.TABLE` is the task's model table).
 
 Protocol: the set's own train/test split; a stratified validation split (``task.val_fraction`` of the
-training series, seeded by ``task.seed``) for model selection; ``int(task.drop · L)`` time points of
-every series removed at random (the Neural CDE paper's 30 / 50 / 70 %, deterministic per ``task.seed``
-and series); per-channel normalisation with the statistics of the training series (validation
-excluded). Training draws batches from the training series; the trainer's estimates read the
-validation split; at the end ``final_metrics`` scores every validation series (``val_acc_full``,
-``val_loss_full``) and, once, every test series (``test_acc``).
+training series, seeded by ``task.seed``) for model selection; optionally ``int(task.drop · L)`` time
+points of every series removed at random (the Neural CDE paper's 30 / 50 / 70 %, deterministic per
+``task.seed`` and series; default 0.5 for the bundled sets, 0 for ``--data``, which is taken as it
+is); per-channel normalisation with the statistics of the training series (validation excluded).
+Training draws batches from the training series; the trainer's estimates read the validation split;
+at the end ``final_metrics`` scores every validation series (``val_acc_full``, ``val_loss_full``) and,
+unless the run seals it, every test series (``test_acc``).
 
-A batch: ``x (B, N, 2 + C)`` float32 = [time (original sample index), mask, normalised values], N the
-longest series in the batch, padding rows zero; ``y (B,)`` long class indices.
+A batch: ``x (B, N, 2 + C)`` float32 = [time, mask, normalised values (NaN: channel not observed
+then)], N the longest series in the batch, padding rows zero; ``y (B,)`` long class indices.
 """
 
 from __future__ import annotations
@@ -25,38 +27,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geoattn.errors import ConfigError
-from geoattn.models.base import ModelSizes, TaskModel
+from geoattn.models.base import TaskModel
 from geoattn.tasks.base import Task
 from geoattn.tasks.series.data import (
+    Dataset,
     channel_statistics,
     dataset_name,
     irregular,
     load_dataset,
     pack,
+    read_data,
     stratified_split,
 )
-from geoattn.tasks.series.models import (
-    RT_FIXED,
-    GRUDConfig,
-    MTANConfig,
-    NCDEConfig,
-    SeriesGRUD,
-    SeriesMTAN,
-    SeriesNCDE,
-    SeriesRT,
-    SeriesRTConfig,
-)
+from geoattn.tasks.series.models import TABLE
 
 SPLITS = ("train", "val", "test")
-# the training budget every model's recipe shares: evaluation only at the end (the splits are small)
-_BUDGET = {
-    "max_iters": 400,
-    "batch_size": 32,
-    "warmup_iters": 20,
-    "weight_decay": 0.01,
-    "eval_interval": 400,
-    "eval_iters": 4,
-}
+DEFAULT_DATASET = "JapaneseVowels"
+DEFAULT_DROP = 0.5  # for the bundled sets: the NCDE paper's middle rate
 
 
 @dataclass
@@ -64,22 +51,30 @@ class SeriesConfig:
     """The series task.
 
     Fields:
-        dataset: a set bundled inside sktime (``geoattn.tasks.series.data.DATASETS``): JapaneseVowels
-            (12 channels, 9 classes, lengths 7–29, 270 / 370 series), BasicMotions, ItalyPowerDemand, ….
+        dataset: a classification set bundled with sktime or aeon (``geoattn.tasks.series.data.
+            bundled_sets``): JapaneseVowels (12 channels, 9 classes, lengths 7–29, 270 / 370 series),
+            BasicMotions, ItalyPowerDemand, …; the default when there is no ``--data``.
         drop: fraction of each series' time points removed at random, in [0, 1) (the NCDE paper: 0.3,
-            0.5, 0.7).
+            0.5, 0.7); default 0.5 for a bundled set, 0 for ``--data``.
         seed: seeds which points are dropped (per series) and which training series validate.
         val_fraction: share of the training series held out for validation (stratified by class).
+        labels: a table ``id, label`` (CSV or Parquet) of a long table's series, when the table has
+            no ``label`` column.
     """
 
-    dataset: str = "JapaneseVowels"
-    drop: float = 0.5
+    dataset: str | None = None
+    drop: float | None = None
     seed: int = 0
     val_fraction: float = 0.2
+    labels: str | None = None
 
     def __post_init__(self) -> None:
-        self.dataset = dataset_name(self.dataset)
-        if isinstance(self.drop, bool) or not isinstance(self.drop, (int, float)) or not 0 <= self.drop < 1:
+        if self.dataset is not None:
+            self.dataset = dataset_name(self.dataset)
+        drop = self.drop
+        if drop is not None and (
+            isinstance(drop, bool) or not isinstance(drop, (int, float)) or not 0 <= drop < 1
+        ):
             raise ConfigError(f"task.drop must be a fraction in [0, 1), got {self.drop!r}")
         if not 0 < self.val_fraction < 1:
             raise ConfigError(f"task.val_fraction must be in (0, 1), got {self.val_fraction!r}")
@@ -104,35 +99,27 @@ class SeriesTask(Task):
     """Irregularly sampled time-series classification (see the module docstring)."""
 
     name: ClassVar[str] = "series"
-    models: ClassVar[dict[str, str]] = {
-        "rt": "RT-Transformer encoder at the observation times (model.times=index: positions 0..n-1)",
-        "mtan": "Transformer with mTAN's learned sinusoidal time embedding, masked attention",
-        "grud": "GRU-D: input and hidden-state decay by the time since the last observation",
-        "ncde": "Neural CDE (torchcde) on the interpolated path of (t, x)",
-    }
+    table = TABLE
     Settings: ClassVar[type] = SeriesConfig
     description: ClassVar[str] = (
-        "classify irregularly sampled time series (sktime's bundled sets, points dropped at random)"
+        "classify irregularly sampled time series (bundled sets, .ts pairs, long tables of observations)"
     )
-    # one budget for every model (JapaneseVowels: 216 training series, so ~60 passes); the learning
-    # rates chosen on JapaneseVowels' validation split by experiments/series-lr.toml
-    recipes: ClassVar[dict[str, dict[str, Any]]] = {
-        name: {**_BUDGET, **fields}
-        for name, fields in {
-            "rt": {"lr": 1e-2, "n_layer": 2, "n_head": 2, "n_embd": 32},
-            "mtan": {"lr": 1e-3, "n_layer": 2, "n_head": 2, "n_embd": 32},
-            "grud": {"lr": 1e-2, "n_embd": 64},
-            "ncde": {"lr": 1e-3, "n_embd": 32},
-        }.items()
-    }
 
-    def __init__(self, config: SeriesConfig | None = None):
-        self.config = config or SeriesConfig()
-        c = self.config
-        data = load_dataset(c.dataset)
+    def __init__(self, config: SeriesConfig | None = None, data: Dataset | None = None):
+        c = config or SeriesConfig()
+        if data is None:
+            c = dataclasses.replace(c, dataset=c.dataset or DEFAULT_DATASET)
+            data = load_dataset(c.dataset)
+        # nothing dropped from data brought by --data unless asked: it is taken as it is
+        self.config = c = dataclasses.replace(
+            c, drop=(DEFAULT_DROP if c.dataset else 0.0) if c.drop is None else c.drop
+        )
+        self.source = data.name
         self.classes, self.channels = data.classes, data.channels
-        # the longest series of the set: the time scale the models normalise t by
-        self.time_scale = float(max(len(s) for raw in (data.train, data.test) for s in raw.series))
+        # the time unit the models normalise t by; whether some rows lack some channels; and the grid
+        # grud and ncde step along (sample indices: the unit grid; a table's real times: its rows)
+        self.time_scale, self.partial = data.time_scale, data.partial
+        self.grid = "unit" if data.sample_times else "rows"
         fit, val = stratified_split(data.train.labels, c.val_fraction, c.seed)
         # per-channel statistics of the training series (validation excluded), (C,) each
         self.mean, self.std = channel_statistics([data.train.series[i] for i in fit])
@@ -143,6 +130,8 @@ class SeriesTask(Task):
             "val": _split([train[i] for i in val], data.train.labels[val]),
             "test": _split(test, data.test.labels),
         }
+        # the most observations of a series: rt's block size
+        self.longest = max(int(s.lengths.max()) for s in self.splits.values())
 
     @classmethod
     def from_settings(
@@ -154,33 +143,21 @@ class SeriesTask(Task):
         meta: dict[str, Any] | None,
         load_data: bool,
     ) -> SeriesTask:
-        """The set named by ``task.dataset``; the series task reads sktime's bundled files (no ``--data``)."""
-        if data is not None:
-            raise ConfigError("the series task reads sets bundled inside sktime (task.dataset), not --data")
-        return cls(settings)
-
-    @classmethod
-    def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
-        if model == "rt":
-            return SeriesRTConfig, (*RT_FIXED, "block_size")
-        return {"mtan": MTANConfig, "grud": GRUDConfig, "ncde": NCDEConfig}[model], ()
-
-    def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
-        n_classes, channels = len(self.classes), self.channels
-        if model == "rt":
-            longest = max(int(s.lengths.max()) for s in self.splits.values())
-            config = SeriesRTConfig.from_sizes(sizes, options, **RT_FIXED, block_size=longest)
-            return SeriesRT(config, channels, n_classes)
-        if model == "mtan":
-            return SeriesMTAN(MTANConfig.from_sizes(sizes, options), channels, n_classes, self.time_scale)
-        if model == "grud":
-            return SeriesGRUD(GRUDConfig.from_sizes(sizes, options), channels, n_classes)
-        return SeriesNCDE(NCDEConfig.from_sizes(sizes, options), channels, n_classes, self.time_scale)
+        """The set ``--data`` names (a ``.ts`` pair, a long table) or else ``task.dataset``."""
+        if data is None:
+            if settings.labels is not None:
+                raise ConfigError("task.labels labels a long table given by --data; there is none")
+            return cls(settings)
+        if settings.dataset is not None:
+            raise ConfigError(f"give --data or task.dataset, not both (task.dataset={settings.dataset!r})")
+        return cls(settings, read_data(data, settings.labels))
 
     def split(self, name: str) -> SeriesSplit:
         """The packed split ``train`` (training series), ``val`` or ``test``."""
         if name not in self.splits:
             raise ValueError(f"unknown split {name!r}; the series task has {', '.join(SPLITS)}")
+        if not self.readable(name):
+            raise ValueError(f"the {name} split is sealed in this run")
         return self.splits[name]
 
     def get_batch(
@@ -201,6 +178,7 @@ class SeriesTask(Task):
         return {
             "task": self.name,
             "config": dataclasses.asdict(self.config),
+            "source": self.source,
             "classes": self.classes,
             "channels": self.channels,
             "sizes": {name: len(s.y) for name, s in self.splits.items()},
@@ -208,10 +186,13 @@ class SeriesTask(Task):
 
     def final_metrics(self, model: TaskModel, device: torch.device) -> dict[str, float]:
         """Accuracy and mean cross-entropy on every validation series (``val_acc_full``,
-        ``val_loss_full``) and the test accuracy on every test series (``test_acc``)."""
+        ``val_loss_full``) and the test accuracy on every test series (``test_acc``) unless the run
+        seals the test set."""
         val_acc, val_loss = self.score(model, "val")
-        test_acc, _ = self.score(model, "test")
-        return {"val_acc_full": val_acc, "val_loss_full": val_loss, "test_acc": test_acc}
+        out = {"val_acc_full": val_acc, "val_loss_full": val_loss}
+        if self.readable("test"):
+            out["test_acc"] = self.score(model, "test")[0]
+        return out
 
     @torch.no_grad()
     def score(self, model: nn.Module, split: str, *, batch_size: int = 128) -> tuple[float, float]:
