@@ -13,7 +13,7 @@ from geoattn.algebra.rotation import rope_frequencies, rotate_pairs
 from geoattn.attention.rt import chunked, rt_attention
 from geoattn.layers.rt_block import RTBlock
 from geoattn.models.lm import LMConfig, build_lm
-from geoattn.training.compiling import CompiledModel, weight_normalizer
+from geoattn.training.compiling import CompileChoice, CompiledModel, eager_step_seconds, weight_normalizer
 
 F64 = torch.float64
 
@@ -167,20 +167,68 @@ def test_custom_operators_agree_with_their_fake_implementations(causal):
         torch.library.opcheck(torch.ops.geoattn.rt_qkv.default, args)
 
 
-def test_the_default_compiles_only_winning_models_in_long_runs():
-    """``--compile`` unset: on for the lm task's rt and ngpt from COMPILE_MIN_ITERS steps
-    (where the compilation is won back), off for short runs and other models; an explicit value wins."""
+def test_the_default_compiles_winning_models_when_the_run_wins_the_compile_back():
+    """``--compile`` unset: off for models whose compiled step measured no faster (without measuring
+    anything), on for the lm task's rt and ngpt when steps x saving x the measured eager step exceed
+    the compile's cost; an explicit value wins. Each choice says why (config.json's ``compiled``)."""
     from geoattn.tasks.filter import FilterTask
     from geoattn.tasks.lm import LMTask
-    from geoattn.training.config import COMPILE_MIN_ITERS, TrainConfig
+    from geoattn.training.compiling import COMPILE_COST_S, COMPILE_SAVING
+    from geoattn.training.config import TrainConfig
     from geoattn.training.trainer import Trainer
 
     lm, filt = LMTask.__new__(LMTask), FilterTask.__new__(FilterTask)  # the classes decide, not the data
-    long, short = COMPILE_MIN_ITERS, COMPILE_MIN_ITERS - 1
-    assert Trainer.compiled(TrainConfig(task="lm", model="rt", max_iters=long), lm)
-    assert not Trainer.compiled(TrainConfig(task="lm", model="rt", max_iters=short), lm)
-    assert not Trainer.compiled(TrainConfig(task="lm", model="rotor", max_iters=long), lm)
-    assert not Trainer.compiled(TrainConfig(task="lm", model="transformer", max_iters=long), lm)
-    assert not Trainer.compiled(TrainConfig(task="filter", model="rt", max_iters=long), filt)
-    assert not Trainer.compiled(TrainConfig(task="lm", model="rt", max_iters=long, compile=False), lm)
-    assert Trainer.compiled(TrainConfig(task="lm", model="rotor", max_iters=10, compile=True), lm)
+    step = 0.08  # seconds per eager step
+    wins_at = COMPILE_COST_S / (COMPILE_SAVING * step)  # steps from which compiling pays
+
+    def choice(model, max_iters, measure=lambda: step, name="lm", compile=None):
+        config = TrainConfig(task=name, model=model, max_iters=max_iters, compile=compile)
+        return Trainer.compiled(config, filt if name == "filter" else lm, measure)
+
+    def unmeasured():
+        raise AssertionError("measured a step where the rule needs none")
+
+    long, short = int(wins_at) + 1, int(wins_at) - 1
+    assert choice("rt", long).on
+    assert "> 45 s to compile" in choice("ngpt", long).why
+    assert not choice("rt", short).on
+    for name, model in (("lm", "rotor"), ("lm", "transformer"), ("filter", "rt")):
+        off = choice(model, long, unmeasured, name)
+        assert not off.on and "no faster" in off.why
+    assert choice("rt", long, unmeasured, compile=False) == CompileChoice(False, "--compile false")
+    assert choice("rotor", 10, unmeasured, compile=True).on
+
+
+def test_the_eager_step_measurement_leaves_the_run_as_it_was():
+    """Measuring the eager step leaves the gradients, the random state and so the first step alone."""
+    torch.manual_seed(0)
+    model = build_lm("rt", LMConfig(block_size=8, n_layer=1, n_head=2, n_embd=16, dropout=0.1))
+    x = torch.randint(0, 65, (2, 8))
+    state = torch.get_rng_state()
+    assert eager_step_seconds(model, lambda: (x, x)) > 0
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.slow  # inductor's compile of one block: ~20 s of CPU
+def test_compiled_blocks_give_the_eager_loss_and_gradients():
+    """The trainer's ``--compile`` (inductor, regional): one rt step's loss to 1e-5 and every
+    parameter's gradient to 1e-4 (float32: fused kernels sum in another order), and one traced graph
+    that both layers reuse."""
+    config = LMConfig(block_size=8, n_layer=2, n_head=2, n_embd=16)
+    x, y = (torch.randint(0, 65, (2, 8), generator=torch.Generator().manual_seed(i)) for i in range(2))
+    results = []
+    counters.clear()
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = build_lm("rt", config)
+        step_model = CompiledModel(model) if compiled else model
+        _, loss = step_model(x, y)
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()]))
+    assert len(step_model.blocks) == 2
+    (loss, grads), (loss_c, grads_c) = results
+    torch.testing.assert_close(loss_c, loss, rtol=1e-5, atol=1e-5)
+    for g, g_c in zip(grads, grads_c):
+        torch.testing.assert_close(g_c, g, rtol=1e-4, atol=1e-4)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])

@@ -1,18 +1,54 @@
-"""``torch.compile`` of a model's training step, as the trainer and `geoattn bench lm` run it."""
+"""``torch.compile`` of a model's training step, as the trainer and `geoattn bench lm` run it, and the
+trainer's default for it (:func:`compile_choice`).
+
+Regional compilation: each block of a model's stack (the children of an ``nn.ModuleList`` that are
+all one class) is compiled in place, the rest runs eagerly. The blocks share their ``forward``'s code
+and Dynamo treats their parameters as inputs, so it traces one block and every layer reuses that
+graph: the compile costs one block, not ``n_layer`` of them inlined into one graph.
+"""
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from geoattn.compile import own_code
 
+# The two estimates of the default's rule (compile_choice), measured on the 2-core AMD EPYC of
+# BENCHMARKS.md with `geoattn bench train --cache cold`: a first run's compile of the rt model
+# (whole-model compilation; benchmarks/first_run.sh measures a block's) and the fraction of an eager
+# step that the compiled rt step saves (2,000 steps: 162 s eager, 136 s compiled on a warm cache).
+COMPILE_COST_S = 45.0
+COMPILE_SAVING = 0.15
+MEASURED_STEPS = 2  # eager steps timed at a run's start (after one untimed) for the rule
+
+
+def compile_regions(module: nn.Module) -> list[nn.Module]:
+    """Compile, in place, every block of ``module``'s stacks: the children of each outermost
+    ``nn.ModuleList`` whose children are all one class. Returns the compiled blocks (empty: none)."""
+    blocks: list[nn.Module] = []
+    taken: list[str] = []
+    for name, child in module.named_modules():
+        inside = any(name.startswith(prefix + ".") for prefix in taken)
+        if inside or not isinstance(child, nn.ModuleList) or len({type(b) for b in child}) != 1:
+            continue
+        for index, block in enumerate(child):
+            block.compile()
+            blocks.append(block)
+            taken.append(f"{name}.{index}" if name else str(index))
+    return blocks
+
 
 class CompiledModel:
-    """``torch.compile(module)``, called with the custom autograd Functions of the kernels admitted
-    to torch's autograd cache.
+    """``module`` with its blocks compiled (:func:`compile_regions`; a module without a stack is
+    compiled whole), called with the custom autograd Functions of the kernels admitted to torch's
+    autograd cache.
 
     The hypersphere models' graphs hold ``torch.autograd.Function`` s
     (`geoattn.layers.sphere._SphereRetraction`). By default (torch 2.13) the autograd
@@ -25,7 +61,8 @@ class CompiledModel:
     """
 
     def __init__(self, module: nn.Module) -> None:
-        self.compiled = torch.compile(module)
+        self.blocks = compile_regions(module)
+        self.compiled = module if self.blocks else torch.compile(module)
 
     def __call__(self, *args, **kwargs):
         with torch._functorch.config.patch(autograd_cache_allow_custom_autograd_functions=True):
@@ -46,3 +83,62 @@ def weight_normalizer(model: nn.Module, compiled: bool) -> Callable[[], None]:
 
     # a code object per model, so that the models of one process do not share a recompile limit
     return torch.compile(own_code(normalize, f"normalize_weights_{id(model):x}"))
+
+
+@dataclass(frozen=True)
+class CompileChoice:
+    """Whether a run's training step is compiled, and why (``config.json``'s ``compiled``)."""
+
+    on: bool
+    why: str
+
+
+def compile_choice(
+    setting: bool | None, wins: bool, max_iters: int, step_seconds: Callable[[], float]
+) -> CompileChoice:
+    """The trainer's ``--compile``: ``setting`` if given; else off for a model whose compiled step
+    measured no faster (``wins`` false: its row's ``compiles``), else on when the run is long enough
+    to win the compile back::
+
+        max_iters · COMPILE_SAVING · step_seconds()  >  COMPILE_COST_S
+
+    ``step_seconds()`` measures this run's eager step (its model, batch, context and machine), so a
+    bigger model or a slower machine compiles from fewer steps; the saving and the compile cost are
+    the estimates above.
+    """
+    if setting is not None:
+        return CompileChoice(setting, f"--compile {str(setting).lower()}")
+    if not wins:
+        return CompileChoice(False, "its compiled step measured no faster than its eager one")
+    step = step_seconds()
+    saved = max_iters * COMPILE_SAVING * step
+    on = saved > COMPILE_COST_S
+    return CompileChoice(
+        on,
+        f"{max_iters} steps x {COMPILE_SAVING:.0%} of a {1e3 * step:.0f} ms eager step = {saved:.0f} s "
+        f"{'>' if on else '<='} {COMPILE_COST_S:.0f} s to compile",
+    )
+
+
+def eager_step_seconds(model: nn.Module, batch: Callable[[], tuple[Any, Any]]) -> float:
+    """The median wall of :data:`MEASURED_STEPS` eager forward and backward passes of ``model`` on
+    ``batch()`` (after one untimed), leaving its gradients, buffers and torch's random state as they
+    were (the run's first step is the same with or without the measurement)."""
+    buffers = [b.clone() for b in model.buffers()]
+    grads = [p.grad for p in model.parameters()]
+    walls = []
+    with torch.random.fork_rng():
+        x, y = batch()
+        for _ in range(MEASURED_STEPS + 1):
+            start = time.perf_counter()
+            _, loss = model(x, y)
+            loss.backward()
+            if loss.is_cuda:  # the backward's kernels are queued, not done
+                torch.cuda.synchronize()
+            walls.append(time.perf_counter() - start)
+    with torch.no_grad():
+        for b, saved in zip(model.buffers(), buffers):
+            b.copy_(saved)
+    for p, g in zip(model.parameters(), grads):
+        p.grad = g
+    return statistics.median(walls[1:])

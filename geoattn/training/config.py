@@ -28,10 +28,6 @@ else:  # pragma: no cover - Python 3.10
 OPTION_TABLES = ("model_options", "task_options")
 
 
-# the default --compile needs this many steps: compiling makes the first steps slow, and a run wins
-# that back only over hundreds of faster steps (`geoattn bench lm --compile both`, BENCHMARKS.md)
-COMPILE_MIN_ITERS = 500
-
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
     """A TrainConfig field with its command-line help (flags are generated from these)."""
@@ -128,9 +124,9 @@ class TrainConfig:
     )
     compile: bool | None = _opt(
         None,
-        "torch.compile the model for training (exact: same maths, fused kernels); default: on in runs "
-        f"of ≥ {COMPILE_MIN_ITERS} steps for the models whose compiled step measured faster "
-        "(lm: rt, ngpt), else off",
+        "torch.compile the model's blocks for training (same maths, fused kernels); default: on for "
+        "the models whose compiled step measured faster (lm: rt, ngpt) when the run's steps win the "
+        "compile back at its measured eager step (config.json's compiled.why), else off",
     )
 
     def __post_init__(self) -> None:

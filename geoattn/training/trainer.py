@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,14 @@ from geoattn.errors import CheckpointError, ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.tasks import get_task
 from geoattn.tasks.base import Task
-from geoattn.training.compiling import CompiledModel, weight_normalizer
-from geoattn.training.config import COMPILE_MIN_ITERS, TrainConfig
+from geoattn.training.compiling import (
+    CompileChoice,
+    CompiledModel,
+    compile_choice,
+    eager_step_seconds,
+    weight_normalizer,
+)
+from geoattn.training.config import TrainConfig
 from geoattn.training.distributed import DistEnv, all_reduce_mean, any_rank, barrier
 from geoattn.training.loggers import RunLoggers, check_available
 from geoattn.training.run_dir import RunDirectory, summary_line
@@ -181,10 +188,10 @@ class Trainer:
             self.ddp = DistributedDataParallel(self.model, device_ids=[self.device] if on_cuda else None)
         # what the training step calls: the model, its DDP wrapper, compiled if asked (same maths)
         self.step_model = self.ddp or self.model
-        compiled = self.compiled(config, task)
-        if compiled:
+        self.compile_choice = self.compiled(config, task, self._eager_step_seconds)
+        if self.compile_choice.on:
             self.step_model = CompiledModel(self.step_model)
-        self.normalize_weights = weight_normalizer(self.model, compiled)
+        self.normalize_weights = weight_normalizer(self.model, self.compile_choice.on)
         self.optimizer = make_optimizer(self.model, config)
         # a group may ask for a multiple of the scheduled learning rate (e.g. scale parameters)
         self._lr_scale = [g["lr"] / config.lr for g in self.optimizer.param_groups]
@@ -214,6 +221,7 @@ class Trainer:
             "model": model_dict,
             "task": self.task.meta(),
             "world_size": self.env.world_size,
+            "compiled": {"on": self.compile_choice.on, "why": self.compile_choice.why},
         }
 
     def _rng_state(self) -> dict[str, Any]:
@@ -234,12 +242,20 @@ class Trainer:
         _set_numpy_state(rng["numpy"])
 
     @staticmethod
-    def compiled(config: TrainConfig, task: Task) -> bool:
-        """Whether the training step runs through torch.compile: ``config.compile`` if set, else on
-        for the task's ``compile_wins`` models in runs of at least ``COMPILE_MIN_ITERS`` steps."""
-        if config.compile is not None:
-            return config.compile
-        return config.model in type(task).compile_wins and config.max_iters >= COMPILE_MIN_ITERS
+    def compiled(config: TrainConfig, task: Task, step_seconds: Callable[[], float]) -> CompileChoice:
+        """Whether the training step runs through torch.compile, and why: ``config.compile`` if set,
+        else :func:`~geoattn.training.compiling.compile_choice`'s rule for the task's ``compile_wins``
+        models (``step_seconds()``: this run's eager step, measured only when the rule needs it)."""
+        wins = config.model in type(task).compile_wins
+        return compile_choice(config.compile, wins, config.max_iters, step_seconds)
+
+    def _eager_step_seconds(self) -> float:
+        """This run's eager step (forward and backward at its batch), as the compile rule reads it."""
+        local = self.config.batch_size // self.env.world_size
+        generator = torch.Generator().manual_seed(self.config.seed)
+        return eager_step_seconds(
+            self.step_model, lambda: self.task.get_batch("train", local, generator, self.device)
+        )
 
     def wall_s(self) -> float:
         """Training wall time so far, over every process that trained this run (resumes add up)."""
