@@ -16,7 +16,7 @@ from test_rt_flex import _call, _leaves
 
 import geoattn.compile
 from geoattn.algebra.named import named_algebra
-from geoattn.attention.rotor_kernel import rotor_attention
+from geoattn.attention.rotor import rotor_attention
 from geoattn.attention.rt import dispatch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)")

@@ -92,7 +92,7 @@ def test_force_loss_gradients_are_the_same_with_the_native_kernels_off(water, mo
     derivatives only: each must hand a second derivative to its torch form. The same gradients with
     the kernels switched off, in float64."""
     from geoattn.algebra import kernels
-    from geoattn.attention import rotor_qkv
+    from geoattn.attention.rotor import qkv as rotor_qkv
     from geoattn.layers import multivector
 
     model = _model(water).double().train()

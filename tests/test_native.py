@@ -296,11 +296,11 @@ def test_the_rotation_table_follows_omega():
 
 @pytest.mark.parametrize("degenerate", ["generic", "parallel-channels", "zero-channel"])
 def test_native_frame_transform_matches_the_python_form(degenerate, monkeypatch):
-    """The frame head's per-token transform (rotor_kernel._frame_transform), both directions: the
+    """The frame head's per-token transform (rotor.frame._frame_transform), both directions: the
     native pass equals the tensor-operation form in float64, values and the gradients of the frames'
     multivectors (nonzero at channels 0 and 1's vector parts only) and of the moved ones, and second
     derivatives, also where Gram–Schmidt meets its clamps (c1 ∥ c0; c0 = 0)."""
-    import geoattn.attention.rotor_kernel as rk
+    import geoattn.attention.rotor.frame as rk
     from geoattn.algebra.clifford_algebra import CliffordAlgebra
 
     T0, T, Tt = (t.to(F64) for t in rk._rotation_action_table(CliffordAlgebra(3)))

@@ -505,7 +505,7 @@ def test_each_build_lays_out_the_rotor_heads_q_k_v(march):
     batch and one per batch row, head groups in head order and out of it; float64 to rounding, float32
     to its own; the projection's gradient written blade by blade, as the projection lays out its output."""
     from geoattn.algebra.layout import blade_major
-    from geoattn.attention.rotor_qkv import _torch_groups
+    from geoattn.attention.rotor.qkv import _torch_groups
 
     kernel = native.build(march).module
     g = torch.Generator().manual_seed(5)

@@ -15,11 +15,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import geoattn.compile
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention import rotor_kernel as rotor_module
-from geoattn.attention.rotor_kernel import rotor_attention
+from geoattn.attention.rotor import blocks, params, rotor_attention, sandwich
+from geoattn.attention.rotor import compose as compose_module
+from geoattn.attention.rotor import plan as plan_module
 from geoattn.cli import main as cli_main
 
 CL3, CL2, PGA = CliffordAlgebra(3), CliffordAlgebra(2), CliffordAlgebra(3, 0, 1)
+FORMS = {"rotation": sandwich.ROTATION, "reflection": sandwich.REFLECTION}
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +54,7 @@ def _conditioned_qkv(ga, head_type, seed, margin=0.005, **kw):
     metric = torch.tensor(ga.signature, dtype=torch.float64)
     for attempt in range(2000):
         q, k, v = _qkv(ga, seed=seed + attempt, **kw)
-        dots = rotor_module.directions(q, ga) @ (rotor_module.directions(k, ga) * metric.to(q.dtype)).mT
+        dots = params.directions(q, ga) @ (params.directions(k, ga) * metric.to(q.dtype)).mT
         if head_type not in ("rotation", "reflection") or (1 - dots.abs()).min() > margin:
             return q, k, v
     raise AssertionError("no well-conditioned inputs found")
@@ -118,7 +120,7 @@ def test_matches_clifford_package(head_type, backend):
 def test_rotation_maps_query_direction_to_key_direction():
     """With one token α = 1, so v = a gives R a R̃ = b; inverse=True takes v = b back to a."""
     q, k, _ = _qkv(CL3, B=1, H=1, N=1, C=2)
-    a, b = rotor_module.directions(q, CL3), rotor_module.directions(k, CL3)  # (1, 1, 1, 3)
+    a, b = params.directions(q, CL3), params.directions(k, CL3)  # (1, 1, 1, 3)
     out = rotor_attention(q, k, CL3.vector(a)[..., None, :], algebra=CL3)
     back = rotor_attention(q, k, CL3.vector(b)[..., None, :], algebra=CL3, inverse=True)
     torch.testing.assert_close(out[..., 0, :], CL3.vector(b), rtol=0, atol=1e-12)
@@ -186,7 +188,7 @@ def test_auto_runs_in_query_chunks_without_pair_tensors(monkeypatch):
     q, k, v = _qkv(CL3, B=B, H=H, N=N, C=2, Cv=1, grad=True)
     ref = rotor_attention(q, k, v, algebra=CL3, backend="reference")
     ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
-    monkeypatch.setattr(rotor_module, "_AUTO_CHUNK_ELEMENTS", B * H * N * 32)  # 32 queries per block
+    monkeypatch.setattr(blocks, "AUTO_CHUNK_ELEMENTS", B * H * N * 32)  # 32 queries per block
     largest = 0
 
     class Largest(TorchDispatchMode):
@@ -212,13 +214,13 @@ def test_compiled_block_kernels_match_eager(monkeypatch):
     recomputed in the backward; compose's with its own backward, `_ComposeFunction`): values and
     gradients equal the eager blocks'. Backend aot_eager: dynamo's tracing and AOT autograd without
     code generation, to stay quick (the bench runs inductor)."""
-    monkeypatch.setattr(rotor_module, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(blocks, "COMPILE_BACKEND", "aot_eager")
     compose = [
-        rotor_module._BlockKernel(f) for f in (rotor_module._compose_forward, rotor_module._compose_backward)
+        blocks.BlockKernel(f) for f in (compose_module._compose_forward, compose_module._compose_backward)
     ]
-    monkeypatch.setattr(rotor_module, "_COMPOSE_FORWARD", compose[0])
-    monkeypatch.setattr(rotor_module, "_COMPOSE_BACKWARD", compose[1])
-    monkeypatch.setattr(rotor_module, "_SANDWICH_BLOCKS", {})
+    monkeypatch.setattr(compose_module, "_COMPOSE_FORWARD", compose[0])
+    monkeypatch.setattr(compose_module, "_COMPOSE_BACKWARD", compose[1])
+    monkeypatch.setattr(sandwich, "_SANDWICH_BLOCKS", {})
     mask = torch.tensor([[True, True, False, True, True, False]])
     # two blocks of 3 queries (a block of 1, or nq == nk, would specialise and recompile): 1 graph a kernel
     for head_type, aggregation in [("reflection", "sum"), ("rotation", "compose")]:
@@ -232,7 +234,7 @@ def test_compiled_block_kernels_match_eager(monkeypatch):
         assert _rel(results[1][0], results[0][0]) < 1e-12, (head_type, aggregation)
         for g, rg in zip(results[1][1], results[0][1]):
             assert _rel(g, rg) < 1e-12, (head_type, aggregation)
-    kernels = [*compose, *rotor_module._SANDWICH_BLOCKS.values()]
+    kernels = [*compose, *sandwich._SANDWICH_BLOCKS.values()]
     assert len(kernels) == 3 and all(kernel._compiled and not kernel.failed for kernel in kernels)
 
 
@@ -241,8 +243,8 @@ def test_block_kernel_compiles_each_variant_once(monkeypatch):
     """Two dtypes × grad on / off: four variants, each its own compiled copy, so none recompiles another's
     graph (here at dynamo's recompile limit 1; its default 8 was reached by one function shared by all
     variants, issue #12)."""
-    monkeypatch.setattr(rotor_module, "COMPILE_BACKEND", "eager")
-    kernel = rotor_module._BlockKernel(rotor_module._compose_block)
+    monkeypatch.setattr(blocks, "COMPILE_BACKEND", "eager")
+    kernel = blocks.BlockKernel(compose_module._compose_block)
     g = torch.Generator().manual_seed(0)
     for dtype, grad in itertools.product((torch.float32, torch.float64), (False, True)):
         qs, kf = torch.randn(1, 2, 3, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g)
@@ -295,7 +297,7 @@ def test_factorised_tables_are_few_and_exact(ga, head_type, inverse, features):
     """The sandwich as ``N = d G + rest`` in the fewest key features (Cl(3) rotation: 30 per value
     channel where the monomial products took 62), with tables of small rationals (multiples of 1/72),
     equal to the engine's pair sandwich ``R v R̃ / (2(1 ± ⟨a, b⟩))`` on random unit directions."""
-    plan = rotor_module._sandwich_plan(ga, head_type, inverse)
+    plan = plan_module.sandwich_plan(ga, FORMS[head_type], inverse)
     assert (plan.keys_w.shape[-1], plan.keys_d.shape[-1]) == features
     for table in plan[:3]:
         torch.testing.assert_close(table * 72, (table * 72).round(), rtol=0, atol=1e-12)
@@ -313,8 +315,8 @@ def test_factorised_tables_are_few_and_exact(ga, head_type, inverse, features):
         R, Rt = (R, Rt) if inverse else (Rt, R)
         want = ga.geometric_product(ga.geometric_product(R, v), Rt)
     d = 1 + plan.sign * (a * b * metric).sum(-1, keepdim=True)
-    feats = [torch.einsum("np,nx,pxr->nr", rotor_module.monomials(b), v, t) for t in plan[:2]]
-    query = torch.einsum("np,pry->nry", rotor_module.monomials(a), plan.queries)
+    feats = [torch.einsum("np,nx,pxr->nr", params.monomials(b), v, t) for t in plan[:2]]
+    query = torch.einsum("np,pry->nry", params.monomials(a), plan.queries)
     got = torch.einsum("nr,nry->ny", torch.cat([feats[0] / d, feats[1]], -1), query)
     torch.testing.assert_close(got, want / (2 * d), rtol=1e-12, atol=1e-12)
 
@@ -413,22 +415,22 @@ def test_pair_rotor_is_exp_of_half_log_and_log_scale_is_smooth():
     b[:100] = torch.nn.functional.normalize(a[:100] + 1e-5 * b[:100], dim=-1)  # nearly parallel
     A, Bv = CL3.vector(a), CL3.vector(b)
     dot = (a * b).sum(-1)
-    rotor = CL3.exp(0.5 * rotor_module.rotor_log_scale(dot)[:, None] * CL3.outer_product(Bv, A))
+    rotor = CL3.exp(0.5 * params.rotor_log_scale(dot)[:, None] * CL3.outer_product(Bv, A))
     one = CL3.vector(torch.zeros(3, dtype=torch.float64)).index_fill(0, torch.tensor([0]), 1.0)
     expected = (one + CL3.geometric_product(Bv, A)) / torch.sqrt(2 * (1 + dot))[:, None]
     keep = 1 + dot > 1e-3  # the closed form itself is ill-conditioned next to antiparallel
     torch.testing.assert_close(rotor[keep], expected[keep], rtol=0, atol=1e-12)
     for dtype in (torch.float64, torch.float32):  # values continuous at both band edges, C¹ at c = 1 − g
-        gap = rotor_module.guard_eps(dtype)
+        gap = params.guard_eps(dtype)
         for edge, smooth in ((1 - gap, True), (-1 + gap, False)):
             c = torch.tensor([edge * (1 - 1e-3 * gap), edge, edge * (1 + 1e-3 * gap)], dtype=torch.float64)
             c = c.to(dtype).requires_grad_()
-            f = rotor_module.rotor_log_scale(c)
+            f = params.rotor_log_scale(c)
             (df,) = torch.autograd.grad(f.sum(), c)
             assert (f.max() - f.min()) / f.mean() < 1e-3 and torch.isfinite(df).all()
             assert not smooth or (df.max() - df.min()).abs() < 1e-2 * df.abs().max()
     c = torch.tensor([1.0, -1.0, 1 + 1e-16, -1 - 1e-16], dtype=torch.float64, requires_grad=True)
-    f = rotor_module.rotor_log_scale(c)
+    f = params.rotor_log_scale(c)
     (df,) = torch.autograd.grad(f.sum(), c)
     assert f[0] == 1 and torch.isfinite(f).all() and torch.isfinite(df).all()
 
@@ -475,7 +477,7 @@ def _random_pairs(T, N, g, commuting=False):
         b = b[..., :1] * a + b[..., 1:2] * plane
     b = torch.nn.functional.normalize(b, dim=-1)
     dot = (a * b).sum(-1)
-    return alpha, rotor_module.rotor_log_scale(dot)[..., None] * EAGER_CL3.outer_product(
+    return alpha, params.rotor_log_scale(dot)[..., None] * EAGER_CL3.outer_product(
         EAGER_CL3.vector(b), EAGER_CL3.vector(a)
     )
 
@@ -594,8 +596,8 @@ def test_errors_name_the_problem():
         rotor_attention(q, k, v[:, :, :3], algebra=CL3)
     with pytest.raises(ValueError, match="unknown head_type 'rotor'"):
         rotor_attention(q, k, v, algebra=CL3, head_type="rotor")
-    with pytest.raises(ValueError, match="unknown backend 'fast'"):
-        rotor_attention(q, k, v, algebra=CL3, backend="fast")
+    with pytest.raises(ValueError, match="unknown backend 'dense'.*'auto', 'reference', 'fast'"):
+        rotor_attention(q, k, v, algebra=CL3, backend="dense")
     with pytest.raises(ValueError, match="'frame' needs Cl\\(3\\)"):
         rotor_attention(*_qkv(PGA), algebra=PGA, head_type="frame")
     with pytest.raises(ValueError, match="needs C ≥ 2"):

@@ -10,8 +10,8 @@ import torch
 from conftest import random_o3_versor
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.rotor_heads import HeadType, register_head_type, unregister_head_type
-from geoattn.attention.rotor_kernel import rotor_attention
+from geoattn.attention.rotor import HEADS, HeadType, register_head_type, rotor_attention, unregister_head_type
+from geoattn.attention.rotor.reference import pairwise
 from geoattn.layers.rotor_block import RotorAttention
 from geoattn.models.rotor_lm import RotorLMConfig
 from geoattn.recipes import build_config
@@ -67,6 +67,47 @@ def test_a_registered_head_type_runs_everywhere(identity_head):
     assert RotorLMConfig(head_types=(identity_head, "rotation")).head_types == ("identity", "rotation")
     with pytest.raises(ValueError, match="inverse=True applies to .*not 'identity'"):
         rotor_attention(q, k, v, algebra=CL3, head_type=identity_head, inverse=True)
+
+
+def _unmoved(q, k, v, algebra, inverse):
+    """The scalar head's pair transform for the reference: key j's value as every query receives it,
+    unmoved, per block of pairs ``(B, H, qb, kb, Cv, dim)``."""
+
+    def block(s, e, t, u):
+        return v[:, :, None, t:u].expand(-1, -1, e - s, -1, -1, -1)
+
+    return block
+
+
+@pytest.fixture
+def scalar_head():
+    """A head type defined wholly here: its fast kernel (the identity kernel above) and its reference
+    (the library's pairwise oracle around its pair transform); no library file changes."""
+    register_head_type(HeadType("scalar", identity_kernel, pairwise(_unmoved)))
+    yield "scalar"
+    unregister_head_type("scalar")
+
+
+def test_a_head_registered_here_runs_forward_and_backward_against_its_reference(scalar_head):
+    """Both rows of the rotor dispatch table run the registered head: the fast kernel against the
+    reference (its α from the algebra engine's products), values and the gradients of q, k and v."""
+    assert HEADS[scalar_head].kernels("sum") == (identity_kernel, HEADS[scalar_head].reference)
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 6, c, 8, dtype=torch.float64, requires_grad=True) for c in (2, 2, 3))
+    mask = torch.tensor([[True, True, False, True, True, True], [True] * 6])
+    outs, grads = {}, {}
+    for backend in ("auto", "reference", "fast"):
+        out = rotor_attention(q, k, v, algebra=CL3, head_type=scalar_head, causal=True, key_mask=mask,
+                              backend=backend)  # fmt: skip
+        outs[backend] = out
+        grads[backend] = torch.autograd.grad(
+            (out * torch.linspace(-1, 1, 8, dtype=out.dtype)).sum(), (q, k, v)
+        )
+    for backend in ("auto", "fast"):
+        torch.testing.assert_close(outs[backend], outs["reference"], rtol=1e-12, atol=1e-12)
+        for g, g_ref in zip(grads[backend], grads["reference"]):
+            torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=1e-12)
+    assert grads["auto"][1].abs().sum() > 0  # the weights depend on k: its gradient is not vacuous
 
 
 @pytest.mark.parametrize("task", ["pointcloud", "nbody"])

@@ -14,8 +14,8 @@ import geoattn.compile
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.layout import blade_major
 from geoattn.algebra.rotation import rotate_pairs
-from geoattn.attention import rotor_qkv
-from geoattn.attention.rotor_kernel import rotor_attention
+from geoattn.attention.rotor import qkv as rotor_qkv
+from geoattn.attention.rotor import rotor_attention
 from geoattn.errors import ConfigError
 from geoattn.layers.multivector import (
     EquiLinear,
@@ -609,7 +609,7 @@ def test_rotor_transformer_rejects_bad_aggregation(options, match):
 def test_one_registry_rules_every_owner_of_head_types():
     """The functional kernel, the layer and both model configs check head types by the one registry
     (same rule, same words) and default to the one head cycle."""
-    from geoattn.attention.rotor_heads import DEFAULT_HEAD_CYCLE, default_head_types
+    from geoattn.attention.rotor.heads import DEFAULT_HEAD_CYCLE, default_head_types
     from geoattn.models.base import ModelSizes
     from geoattn.models.rotor_lm import RotorLMConfig
 

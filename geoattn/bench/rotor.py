@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.attention.rotor_heads import head_type_names
-from geoattn.attention.rotor_kernel import rotor_attention
+from geoattn.attention.rotor import rotor_attention
+from geoattn.attention.rotor.heads import head_type_names
 from geoattn.bench.common import (
     CLOCKS,
     interleaved_times,

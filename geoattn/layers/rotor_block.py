@@ -12,9 +12,9 @@ from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra, cos_sinc
 from geoattn.algebra.layout import blade_major_grad
-from geoattn.attention.rotor_heads import HEADS, check_head_types
-from geoattn.attention.rotor_kernel import rotor_attention
-from geoattn.attention.rotor_qkv import qkv_groups
+from geoattn.attention.rotor import rotor_attention
+from geoattn.attention.rotor.heads import HEADS, check_head_types
+from geoattn.attention.rotor.qkv import qkv_groups
 from geoattn.compile import disabled
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
 
@@ -115,7 +115,7 @@ class RotorAttention(nn.Module):
     Args:
         algebra: the algebra of the channels.
         channels: multivector channels C of input and output; scalars: invariant scalar channels S.
-        head_types: one registered head type per head (``geoattn.attention.rotor_heads``; e.g.
+        head_types: one registered head type per head (``geoattn.attention.rotor.heads``; e.g.
             ``"frame"`` needs Cl(3) and ≥ 2 head channels).
         head_channels: multivector channels per head (q, k and v).
         causal: attend to earlier tokens only. inverse: key → query rotors (rotation heads).
@@ -187,7 +187,7 @@ class RotorAttention(nn.Module):
         self, x: Tensor, s: Tensor | None, positions: Tensor | None, groups: list[list[int]]
     ) -> list[tuple[Tensor, Tensor, Tensor]]:
         """q, k and v of each group of heads (``groups``: head indices), ``(B, H_g, N, Ch, dim)`` each, q
-        and k moved by the rotor positional encoding (:func:`~geoattn.attention.rotor_qkv.qkv_groups`)."""
+        and k moved by the rotor positional encoding (:func:`~geoattn.attention.rotor.qkv.qkv_groups`)."""
         B, N = x.shape[:2]
         qkv, _ = self.qkv(x, s)  # (B, N, 3·H·Ch, dim)
         # the heads hand back q, k and v's gradients in the default order; one turn for the map's GEMMs

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.layout import blade_major, blade_major_grad
 from geoattn.algebra.named import ALGEBRAS, algebra_signature, named_algebra
-from geoattn.attention.rotor_heads import DEFAULT_HEAD_CYCLE, check_head_types, default_head_types
+from geoattn.attention.rotor.heads import DEFAULT_HEAD_CYCLE, check_head_types, default_head_types
 from geoattn.errors import ConfigError
 from geoattn.layers.common import check_input, default_positions
 from geoattn.layers.multivector import GeometricMLP, GradeLayerNorm, MultivectorEmbedding

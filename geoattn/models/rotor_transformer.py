@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.named import algebra_signature, named_algebra
-from geoattn.attention.rotor_heads import DEFAULT_HEAD_CYCLE, check_head_types, default_head_types
+from geoattn.attention.rotor.heads import DEFAULT_HEAD_CYCLE, check_head_types, default_head_types
 from geoattn.errors import ConfigError
 from geoattn.layers.multivector import EquiLinear
 from geoattn.layers.rotor_block import RotorBlock

@@ -15,7 +15,7 @@
   layer norm (``GradeLayerNorm``) in one pass over the tokens each way, in either memory order.
 * ``rotor_qkv_forward`` / ``rotor_qkv_backward`` (``rotor_qkv.h``): rotor attention's q, k and v cut
   into head groups, laid out as the heads read them, q and k moved by the rotor positional encoding
-  (``geoattn.attention.rotor_qkv``).
+  (``geoattn.attention.rotor.qkv``).
 * ``bilinear_product`` (``products.h``): a sparse bilinear product of multivectors from its Cayley
   table given at run time (``geoattn.algebra.kernels``: the large eager batches of the geometric
   product and its gradients, in either memory order).

@@ -1,11 +1,14 @@
-"""The rotor head types: one registry of what each kind of head needs and which kernel runs it.
+"""The rotor head types: one registry of what each kind of head needs and which kernels run it, the
+only place that knows a head's kind.
 
 A head type is one :class:`HeadType`: its name, the algebras it runs in, the channels it needs, the
-options it takes (``inverse``, ``aggregation="compose"``) and its kernels. :func:`rotor_attention`,
-:class:`RotorAttention` and the model configs all check head types with :func:`check_head_types`, and
-``rotor_attention`` runs whatever kernel the entry names, so a new head type is one
-:func:`register_head_type` call beside its kernel. The built-in types (rotation, reflection,
-projection, frame) register in ``rotor_kernel.py``.
+options it takes (``inverse``, ``aggregation="compose"``) and its kernels (the fast one and the
+reference, each also for compose). :func:`rotor_attention`, :class:`RotorAttention` and the model
+configs all check head types with :func:`check_head_types`, and ``rotor_attention``'s dispatch
+(`geoattn.attention.rotor.dispatch`) runs whatever kernel the entry names, so a new head type is one
+:func:`register_head_type` call beside its kernel. The built-in types register at the end of this
+module: rotation and reflection (`geoattn.attention.rotor.sandwich`), projection
+(`geoattn.attention.rotor.projection`), frame (`geoattn.attention.rotor.frame`).
 
 A kernel is ``kernel(q, k, v, algebra, *, causal, inverse, key_mask, chunk_size) -> o`` with
 ``q, k (B, H, N, C, dim)``, ``v (B, H, N, Cv, dim)``, ``o (B, H, N, Cv, dim)``, the inputs already
@@ -20,6 +23,9 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from geoattn.algebra.named import signature_name
+from geoattn.attention.rotor import frame, projection, sandwich
+from geoattn.attention.rotor.compose import compose
+from geoattn.attention.rotor.reference import compose_reference, pairwise
 from geoattn.errors import ConfigError
 
 HeadKernel = Callable[..., Tensor]
@@ -65,6 +71,12 @@ class HeadType:
             names = " or ".join(signature_name(s) for s in self.signatures)
             return f"needs {names}" + (f" ({self.why})" if self.why else "")
         return None
+
+    def kernels(self, aggregation: str) -> tuple[HeadKernel, HeadKernel]:
+        """``(fast, reference)`` of ``aggregation`` (``"sum"`` or ``"compose"``); a missing reference is
+        the fast kernel itself. Call only after :func:`check_head_types` (compose needs ``compose``)."""
+        fast, reference = self.compose if aggregation == "compose" else (self.kernel, self.reference)
+        return fast, reference or fast
 
 
 HEADS: dict[str, HeadType] = {}
@@ -149,3 +161,34 @@ def check_head_types(
             f"needs head_type {composing}, got {head_types}, with none"
         )
     return head_types
+
+
+# --------------------------------------------------------------------------- the built-in head types
+register_head_type(
+    HeadType(
+        "rotation",
+        sandwich.factorised(sandwich.ROTATION),
+        pairwise(sandwich.pair_values(sandwich.ROTATION)),
+        inverse=True,
+        compose=(compose, compose_reference),
+    )
+)
+register_head_type(
+    HeadType(
+        "reflection",
+        sandwich.factorised(sandwich.REFLECTION),
+        pairwise(sandwich.pair_values(sandwich.REFLECTION)),
+        inverse=True,
+    )
+)
+register_head_type(HeadType("projection", projection.projection, pairwise(projection.pair_values)))
+register_head_type(
+    HeadType(
+        "frame",
+        frame.frame,
+        pairwise(frame.pair_values),
+        signatures=((3, 0, 0),),
+        why="a frame is x, y, x × y",
+        min_channels=2,
+    )
+)
