@@ -37,11 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from geoattn.errors import ConfigError
+from geoattn.errors import ConfigError, UserError
 from geoattn.tasks.molecule.data import require
 from geoattn.tasks.molecule.task import MoleculeTask, mae_metrics
 
-RUNNERS = ("mace", "schnet")  # the models this file trains: run_mace, run_schnet
 # the published recipes' learning rates, used unless the arguments carry ``lr`` (the experiments' grids)
 RECIPE_LR = {"mace": 1e-2, "schnet": 1e-3}
 
@@ -53,37 +52,58 @@ def _lr(args: argparse.Namespace, model: str) -> float:
 def _split_metrics(task: MoleculeTask, predict) -> dict[str, float]:
     """``{val,test}_{energy,force}_mae_mev`` of ``predict(x (F, N, 4) float64) -> (F, N, 4)``."""
     out = {}
-    for split in ("val", "test"):
+    for split in filter(task.readable, ("val", "test")):
         x, y = task.split(split, torch.float64)
         for key, value in mae_metrics(predict(x), y).items():
             out[f"{split}_{key}"] = value
     return out
 
 
-# ----------------------------------------------------------------------------------------- mace ----
-def _atoms(task: MoleculeTask, split: str) -> list:
-    """ASE Atoms of ``split`` with the reference energy / forces under ``REF_`` keys (MACE's convention)."""
+# ------------------------------------------------------------------------------- the handoff ----
+# Both peers read the frames the rotor model reads: the task's (its one loader,
+# geoattn.tasks.molecule.task.load_molecule_data, whatever the file's format), in eV, eV/Å and Å.
+def frame_atoms(task: MoleculeTask, frames, *, labels: bool = True) -> list:
+    """ASE Atoms of the task's ``frames`` (indices), with (``labels``) the reference energy / forces
+    under ``REF_`` keys (MACE's convention)."""
     ase = require("ase")
     t = task.trajectory
     atoms = []
-    for i in task.indices[split]:
+    for i in frames:
         a = ase.Atoms(numbers=t.atomic_numbers, positions=t.positions[i])
-        a.info["REF_energy"] = float(t.energies[i])
-        a.arrays["REF_forces"] = t.forces[i].copy()
+        if labels:
+            a.info["REF_energy"] = float(t.energies[i])
+            a.arrays["REF_forces"] = t.forces[i].copy()
         atoms.append(a)
     return atoms
+
+
+def export_splits(task: MoleculeTask, out: Path) -> dict[str, Path]:
+    """``out/{train,val,test}.xyz``: the task's splits as extended XYZ (MACE's training input)."""
+    ase_io = require("ase.io")
+    files = {}
+    for split in ("train", "val", "test"):
+        files[split] = out / f"{split}.xyz"
+        ase_io.write(files[split], frame_atoms(task, task.indices[split]), format="extxyz")
+    return files
+
+
+def schnet_systems(task: MoleculeTask) -> tuple[list[dict[str, np.ndarray]], list]:
+    """Every frame of the task as SchNetPack's ``add_systems`` takes them: properties (``energy``
+    ``(1,)`` eV, ``forces`` ``(N, 3)`` eV/Å) and ASE Atoms; the task's split indices select from them."""
+    t = task.trajectory
+    properties = [{"energy": np.array([e]), "forces": f} for e, f in zip(t.energies, t.forces)]
+    return properties, frame_atoms(task, range(len(t)), labels=False)
+
+
+# ----------------------------------------------------------------------------------------- mace ----
 
 
 def run_mace(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: int) -> dict[str, Any]:
     """``mace_run_train`` on extended-XYZ exports of the three splits, then our evaluation of its model."""
     require("mace")
-    ase_io = require("ase.io")
     out = out.resolve()  # mace_run_train runs in `out`: every path it gets must be absolute
     out.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for split in ("train", "val", "test"):
-        files[split] = out / f"{split}.xyz"
-        ase_io.write(files[split], _atoms(task, split), format="extxyz")
+    files = export_splits(task, out)
     c = args.mace_channels
     command = [
         *_console_script("mace_run_train"),
@@ -203,14 +223,10 @@ def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: 
     database = out / "frames.db"
     if database.exists():
         database.unlink()
-    ase = require("ase")
     dataset = spk.data.ASEAtomsData.create(
         str(database), distance_unit="Ang", property_unit_dict={"energy": "eV", "forces": "eV/Ang"}
     )
-    dataset.add_systems(
-        [{"energy": np.array([e]), "forces": f} for e, f in zip(t.energies, t.forces)],
-        [ase.Atoms(numbers=t.atomic_numbers, positions=p) for p in t.positions],
-    )
+    dataset.add_systems(*schnet_systems(task))
     split_file = out / "split.npz"
     np.savez(
         split_file,
@@ -318,6 +334,23 @@ def run_schnet(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: 
 
 
 # ------------------------------------------------------------------------------------------ cli ----
+RUNNERS = {"mace": run_mace, "schnet": run_schnet}  # the models this file trains
+
+
+def peer_task(data: Path, n_train: int | None, n_val: int | None, settings: list[str]) -> MoleculeTask:
+    """The task a peer trains on: ``data`` with the split sizes and ``task.KEY=VALUE`` settings (the
+    same ``task.*`` keys as ``geoattn train``); ConfigError for any other key."""
+    from geoattn.training.config import parse_set
+
+    parsed = parse_set(settings)
+    other = sorted(set(parsed) - {"task_options"})
+    if other:
+        raise ConfigError(f"--set takes task.KEY=VALUE only, got {', '.join(other)}")
+    options = dict(parsed.get("task_options", {}))
+    options.update({k: v for k, v in (("n_train", n_train), ("n_val", n_val)) if v is not None})
+    return MoleculeTask.from_options(options, data=str(data), block_size=0)
+
+
 def main(argv: list[str] | None = None) -> int:
     """One peer training as an experiment's peer cell: ``--model`` on ``--data`` with the task's split,
     writing ``OUT/metrics.json`` (params, wall_s, epochs, lr and the MAEs on the full val and test
@@ -327,13 +360,24 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(prog="molecule_peers", description=main.__doc__.split("::")[0])
     parser.add_argument("--model", required=True, choices=RUNNERS)
-    parser.add_argument("--data", required=True, help="a molecule .npz (geoattn data make molecule)")
+    parser.add_argument(
+        "--data",
+        required=True,
+        help="a molecule file: geoattn's, revised MD17's or sGDML's .npz, or extended XYZ",
+    )
     parser.add_argument("--out", required=True, help="directory for metrics.json and the peer's files")
     parser.add_argument("--epochs", type=int, required=True, help="passes over the training set")
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the recipe's)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--n-train", type=int, default=1000)
-    parser.add_argument("--n-val", type=int, default=1000)
+    parser.add_argument("--n-train", type=int, default=None, help="(default: the task's, rMD17's 1000)")
+    parser.add_argument("--n-val", type=int, default=None, help="(default: the task's, rMD17's 1000)")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="task.KEY=VALUE",
+        help="the task's settings, as geoattn train --set (task.energy_key, task.splits_dir, ...)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--mace-channels", type=int, default=32, help="MACE channels (paper: 256)")
     parser.add_argument("--schnet-width", type=int, default=64, help="SchNet n_atom_basis (published: 128)")
@@ -354,13 +398,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    from geoattn.tasks.molecule.task import MoleculeConfig
-
     try:
-        task = MoleculeTask(MoleculeConfig(data=str(data), n_train=args.n_train, n_val=args.n_val))
-        runner = run_mace if args.model == "mace" else run_schnet
-        result = runner(task, out / args.model, args, args.epochs)
-    except ConfigError as err:
+        task = peer_task(data, args.n_train, args.n_val, args.set)
+        result = RUNNERS[args.model](task, out / args.model, args, args.epochs)
+    except UserError as err:
         print(f"molecule_peers: {err}", file=sys.stderr)
         return 2
     baselines = {

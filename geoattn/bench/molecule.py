@@ -5,8 +5,8 @@ training, ``--n-val`` validation configurations, the rest test), and for every m
 (passes over the training set: the same for all, or one per model to match their training wall times);
 each trains with its own package's training code and its published MD17 recipe, scaled to a CPU:
 
-* ``rotor``: ``geoattn``'s trainer on the molecule task (``MoleculeRotor``) with the task's recipe
-  (``MoleculeTask.recipes``: batch 10, AdamW, lr 1e-2, cosine) and the energy/force MSE weights
+* ``rotor``: ``geoattn``'s trainer on the molecule task (``MoleculeRotor``) with its row's recipe in
+  the task's model table (batch 10, AdamW, lr 1e-2, cosine) and the energy/force MSE weights
   0.01/0.99 (SchNetPack's MD17 recipe).
 * ``mace`` and ``schnet``: the peers' runners, ``benchmarks/molecule_peers.py`` in the checkout (not
   part of the installed package; its docstring gives both recipes), loaded by :func:`peers`; outside
@@ -32,7 +32,7 @@ import torch
 
 from geoattn.errors import ConfigError
 from geoattn.formatting import format_table
-from geoattn.tasks.molecule.task import MoleculeConfig, MoleculeTask
+from geoattn.tasks.molecule.task import MoleculeTask
 
 MODELS = ("rotor", "mace", "schnet")
 # the peers' runners live beside the package in a checkout, not inside it
@@ -57,9 +57,24 @@ def peers(path: Path | None = None) -> ModuleType:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``geoattn bench molecule``."""
     parser.add_argument("--name", default="aspirin", help="molecule (see geoattn data make molecule --help)")
-    parser.add_argument("--data", default=None, help="a molecule .npz (default: the cached default file)")
-    parser.add_argument("--n-train", type=int, default=1000, help="training configurations (rMD17: 1000)")
-    parser.add_argument("--n-val", type=int, default=1000, help="validation configurations (rMD17: 1000)")
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="a molecule file: geoattn's, revised MD17's or sGDML's .npz, or extended XYZ (default: the "
+        "cached default file)",
+    )
+    parser.add_argument(
+        "--n-train",
+        type=int,
+        default=None,
+        help="training configurations (default: the task's, rMD17's 1000)",
+    )
+    parser.add_argument(
+        "--n-val",
+        type=int,
+        default=None,
+        help="validation configurations (default: the task's, rMD17's 1000)",
+    )
     parser.add_argument(
         "--epochs",
         nargs="+",
@@ -77,7 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         default=[],
         help="the rotor run's TrainConfig fields (KEY=VALUE) and task / model settings (task.KEY=VALUE, "
-        "model.KEY=VALUE) over the task's recipe (geoattn train --task molecule --model rotor)",
+        "model.KEY=VALUE) over the task's recipe (geoattn train --task molecule --model rotor); its task.* "
+        "settings (e.g. task.energy_key, task.splits_dir) are every model's",
     )
     parser.add_argument("--mace-channels", type=int, default=32, help="MACE channels (paper: 256)")
     parser.add_argument("--schnet-width", type=int, default=64, help="SchNet n_atom_basis (published: 128)")
@@ -113,15 +129,15 @@ def model_epochs(values: list[str], models: list[str]) -> dict[str, int]:
 def run(args: argparse.Namespace) -> int:
     """Train every model of ``--models`` on the same file and split, then print the table."""
     epochs = model_epochs(args.epochs, args.models)
-    if "rotor" in args.models:
-        rotor_overrides(args.rotor_set)  # a bad key fails before any training
+    user = rotor_overrides(args.rotor_set)  # a bad key fails before any training
     runners = {"rotor": run_rotor}
     if set(args.models) - {"rotor"}:
         module = peers()  # a missing checkout fails before any training too
-        runners.update(mace=module.run_mace, schnet=module.run_schnet)
+        runners.update(module.RUNNERS)
     torch.set_num_threads(args.threads)
-    task = MoleculeTask(
-        MoleculeConfig(name=args.name, data=args.data, n_train=args.n_train, n_val=args.n_val)
+    # every model reads the same file and split: the rotor run's task settings are the bench task's
+    task = MoleculeTask.from_options(
+        {**user.get("task_options", {}), **split_options(args)}, data=args.data, block_size=0
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -156,6 +172,12 @@ ROTOR_SET_FIXED = ("max_iters", "eval_interval", "eval_iters", "log_interval", "
 ROTOR_SET_FIXED_TASK = ("name", "data", "n_train", "n_val", "split_seed")
 
 
+def split_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The bench flags' ``task.*`` settings: the molecule and the split sizes it was given."""
+    sizes = {k: getattr(args, k) for k in ("n_train", "n_val") if getattr(args, k) is not None}
+    return {"name": args.name, **sizes}
+
+
 def rotor_overrides(items: list[str]) -> dict[str, Any]:
     """``--rotor-set`` parsed as ``geoattn train --set`` (fields, task.KEY, model.KEY); ConfigError for
     the keys the bench sets for every model alike (the schedule, the split)."""
@@ -171,14 +193,14 @@ def rotor_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: int) -> dict[str, Any]:
-    """geoattn's trainer on the task with its rotor recipe (``MoleculeTask.recipes``) and
+    """geoattn's trainer on the task with its rotor recipe (the task's model table) and
     ``--rotor-set`` on top: ``epochs · n_train / batch_size`` steps."""
     from geoattn.recipes import build_config
     from geoattn.training.trainer import Trainer, run_task
 
     user = rotor_overrides(args.rotor_set)
     run = {"task": "molecule", "model": "rotor", "data": args.data}
-    split = {"task_options": {"name": task.config.name, "n_train": args.n_train, "n_val": args.n_val}}
+    split = {"task_options": split_options(args)}
     batch = build_config(run, user).batch_size  # the recipe's, or the user's
     steps = max(1, epochs * len(task.indices["train"]) // batch)
     schedule = {
