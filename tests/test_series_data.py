@@ -107,6 +107,15 @@ def long_rows(n: int, split: str | None, seed: int) -> list[dict]:
 
 
 @pytest.fixture
+def parquet(tmp_path) -> Path:
+    """The table of :func:`table` as Parquet (written by pandas through pyarrow)."""
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "obs.parquet"
+    pd.DataFrame(long_rows(10, "train", 0) + long_rows(4, "test", 1)).to_parquet(path)
+    return path
+
+
+@pytest.fixture
 def table(tmp_path) -> Path:
     """One CSV with a split column (10 train, 4 test series)."""
     frame = pd.DataFrame(long_rows(10, "train", 0) + long_rows(4, "test", 1))
@@ -193,11 +202,11 @@ def test_labels_table_and_file_pair(tmp_path):
     assert [data.classes[k] for k in data.train.labels] == ["low", "high"] * 3
 
 
-def test_parquet_table(tmp_path):
-    pytest.importorskip("pyarrow")
-    frame = pd.DataFrame(long_rows(6, "train", 0) + long_rows(2, "test", 1))
-    frame.to_parquet(tmp_path / "obs.parquet")
-    assert len(read_data(tmp_path / "obs.parquet").train) == 6
+def test_parquet_table(parquet, table):
+    from_parquet, from_csv = read_data(parquet), read_data(table)
+    assert len(from_parquet.train) == 10
+    for a, b in zip(from_parquet.train.series, from_csv.train.series):
+        np.testing.assert_allclose(a, b, rtol=1e-15)  # CSV parsing may round the last digit
 
 
 # ----------------------------------------------------------------------------- bad input -------------
@@ -366,9 +375,9 @@ def test_data_and_dataset_together_are_refused(ts_pair):
         SeriesTask.from_options({"dataset": "GunPoint"}, data=str(ts_pair), block_size=8)
 
 
-@pytest.mark.parametrize("kind", ["ts", "csv"])
-def test_train_reads_data(tmp_path, ts_pair, table, kind):
-    data = {"ts": ts_pair, "csv": table}[kind]
+@pytest.mark.parametrize("kind", ["ts", "csv", "parquet"])
+def test_train_reads_data(request, tmp_path, ts_pair, table, kind):
+    data = {"ts": ts_pair, "csv": table}.get(kind) or request.getfixturevalue("parquet")
     out = tmp_path / "run"
     argv = ["train", "--task", "series", "--model", "rt", "--data", str(data), *TINY, "--out", str(out)]
     assert main([*argv, "--set", "task.val_fraction=0.25"]) == 0
@@ -410,9 +419,9 @@ model = "rt"
 """
 
 
-@pytest.mark.parametrize("kind", ["ts", "csv"])
-def test_experiment_reads_data(tmp_path, ts_pair, table, kind, monkeypatch):
-    data = {"ts": ts_pair, "csv": table}[kind]
+@pytest.mark.parametrize("kind", ["ts", "csv", "parquet"])
+def test_experiment_reads_data(request, tmp_path, ts_pair, table, kind, monkeypatch):
+    data = {"ts": ts_pair, "csv": table}.get(kind) or request.getfixturevalue("parquet")
     (tmp_path / "experiments").mkdir()
     (tmp_path / "experiments" / "mine.toml").write_text(SPEC.format(data=data))
     monkeypatch.chdir(tmp_path)
