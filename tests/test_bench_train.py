@@ -50,6 +50,38 @@ def test_warm_runs_are_primed_by_a_compiled_run(tmp_path, monkeypatch):
     assert argv[-2:] == ["--compile", "true"]
 
 
+def test_cold_runs_are_rerun_on_the_cache_they_filled(tmp_path, monkeypatch, capsys):
+    """``--cache cold``: every run on an empty cache of its own, then the same run again on that cache
+    (a user's second run), both whole-process walls in the table side by side."""
+    calls = []
+
+    def fake_train(argv, cache):
+        run_dir = Path(argv[argv.index("--out") + 1])
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({"wall_s": 1.0, "val_loss": 2.5}))
+        (run_dir / "metrics.jsonl").write_text(json.dumps({"step_s": 0.5}) + "\n")
+        calls.append((run_dir.name, cache.name))
+        return 0, 9.0 if cache.name not in {c for _, c in calls[:-1]} else 4.0  # the rerun: no compile
+
+    monkeypatch.setattr(bench_train, "_train", fake_train)
+    argv = ["bench", "train", "--models", "transformer", "rt", "--cache", "cold"]
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    assert calls == [
+        ("transformer_0", "transformer_0"),
+        ("transformer_0_rerun", "transformer_0"),
+        ("rt_0", "rt_0"),
+        ("rt_0_rerun", "rt_0"),
+        ("transformer_1", "transformer_1"),
+        ("transformer_1_rerun", "transformer_1"),
+        ("rt_1", "rt_1"),
+        ("rt_1_rerun", "rt_1"),
+    ]
+    printed = capsys.readouterr().out
+    _, rows = _title_and_rows(printed)
+    assert rows["rt"][0] == "9.0 / 9.0 / 9.0" and rows["rt"][-1] == "4.0 / 4.0 / 4.0"
+    assert "rerun s min / med / max" in printed
+
+
 def test_a_used_out_folder_is_refused(tmp_path, capsys):
     (tmp_path / "mine.txt").write_text("keep")
     assert main(["bench", "train", "--out", str(tmp_path)]) == 2

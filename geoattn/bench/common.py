@@ -24,6 +24,11 @@ from geoattn.formatting import format_table
 from geoattn.subnormals import subnormals_flushed
 
 
+def peers_dir() -> str:
+    """Where the peers' checkouts and environments live: ``$GEOATTN_PEERS`` or ``../peers``."""
+    return os.environ.get("GEOATTN_PEERS", "../peers")
+
+
 def machine_header() -> str:
     """What every ``geoattn bench`` prints first: the CPU a number was measured on, the vector
     instructions it has, the BLAS torch uses and the native kernels' build, two lines::

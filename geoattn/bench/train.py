@@ -10,7 +10,9 @@ median step and the final metric of each run.
 
 ``--cache`` sets what compilation costs: ``warm`` (default) gives each model one compile cache
 (``TORCHINDUCTOR_CACHE_DIR``), filled by an untimed 3-step run first, as every run after a user's
-first one finds it; ``cold`` gives every run an empty one, as a new user's first run.
+first one finds it; ``cold`` gives every run an empty one, as a new user's first run, and then runs
+it again on the cache it filled (the ``rerun`` column: the user's second run), so that the first and
+the warm walls stand side by side.
 
 ``--peer nanogpt`` (task lm) also runs nanoGPT's own ``train.py`` from its checkout (``--nanogpt``,
 default ``$GEOATTN_PEERS/nanogpt`` or ``../peers/nanogpt``) on its CPU recipe, which is ours: 4 layers
@@ -46,7 +48,7 @@ from pathlib import Path
 import torch
 
 from geoattn.bench import gatr, nanogpt
-from geoattn.bench.common import flag_value, git_revision
+from geoattn.bench.common import flag_value, git_revision, peers_dir
 from geoattn.errors import ConfigError, DataError
 from geoattn.formatting import format_table
 
@@ -143,7 +145,14 @@ def run(args: argparse.Namespace) -> int:
             code, process = _train([*base, "--model", model, "--out", str(out / name)], cache)
             if code != 0:
                 return _failed(model, out / f"{name}.log")
-            runs[model].append({"process": process, **_measure(out / name)})
+            record = {"process": process, **_measure(out / name)}
+            if args.cache == "cold":  # the same run again on the cache it filled: the user's second run
+                code, record["rerun"] = _train(
+                    [*base, "--model", model, "--out", str(out / f"{name}_rerun")], cache
+                )
+                if code != 0:
+                    return _failed(model, out / f"{name}_rerun.log")
+            runs[model].append(record)
         if peer is not None:
             runs[peer.row].append(peer.run(out / f"{args.peer}_{r}"))
     print(_table(runs, args, extra, out, peer))
@@ -151,8 +160,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _peers_path(given: str | None, name: str) -> Path:
-    from geoattn.experiments.spec import peers_dir
-
     return Path(given or Path(peers_dir()) / name).resolve()  # the runs start elsewhere
 
 
@@ -296,6 +303,8 @@ def _table(
                 finals + (f" (step {measured[-1]['metric_step']})" if "metric_step" in measured[-1] else ""),
             ]
         )
+        if args.cache == "cold":
+            rows[-1].append(_spread([r["rerun"] for r in measured if "rerun" in r]))
     title = (
         f"whole runs: geoattn train --task {args.task} {' '.join(extra)}".rstrip()
         + f", {args.cache} compile cache, {args.repeats} run(s) per model in turn, runs in {out}"
@@ -304,11 +313,18 @@ def _table(
         "model", "process s min / med / max", f"× {ref}", "per run", "trainer s min / med / max", f"× {ref}",
         "first step s", "step ms", "final",
     ]  # fmt: skip
+    if args.cache == "cold":
+        headers.append("rerun s min / med / max")
     notes = [
         "process: each run's whole process, from its start to its exit (start-up, data, compile, "
         "evaluation, checkpoints, plots), as a user waits for it; trainer: the run's own wall_s (training "
         "and evaluation, without start-up and the final plots); first step: with its compile.",
     ]
+    if args.cache == "cold":
+        notes.append(
+            "cold: process is a user's first run (an empty compile cache); rerun the same run's whole "
+            "process again on the cache it filled, as the user's second run (the difference: compiling)."
+        )
     if peer is not None:
         notes += peer.notes(out)
     return title + "\n" + format_table(headers, rows) + "\n" + "\n".join(notes)

@@ -79,13 +79,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from geoattn.bench.common import peers_dir
 from geoattn.errors import ConfigError
 from geoattn.recipes import build_config
 from geoattn.settings import read_toml
@@ -120,11 +120,6 @@ class Cell:
 
 
 PEER_FIELDS = ("command", "max_iters")
-
-
-def peers_dir() -> str:
-    """Where the peers' checkouts and environments live: ``$GEOATTN_PEERS`` or ``../peers``."""
-    return os.environ.get("GEOATTN_PEERS", "../peers")
 
 
 @dataclass
