@@ -51,15 +51,14 @@ class SeriesConfig:
     """The series task.
 
     Fields:
-        dataset: a classification set bundled with sktime or aeon (``geoattn.tasks.series.data.
-            bundled_sets``): JapaneseVowels (12 channels, 9 classes, lengths 7–29, 270 / 370 series),
-            BasicMotions, ItalyPowerDemand, …; the default when there is no ``--data``.
-        drop: fraction of each series' time points removed at random, in [0, 1) (the NCDE paper: 0.3,
-            0.5, 0.7); default 0.5 for a bundled set, 0 for ``--data``.
+        dataset: a classification set bundled with sktime or aeon (default JapaneseVowels without --data).
+            ``geoattn.tasks.series.data.bundled_sets()`` lists them: JapaneseVowels (12 channels, 9
+            classes, lengths 7–29, 270 / 370 series), BasicMotions, ItalyPowerDemand, ….
+        drop: fraction of each series' points removed at random, in [0, 1) (default 0.5; 0 with --data).
+            The NCDE paper drops 0.3, 0.5, 0.7.
         seed: seeds which points are dropped (per series) and which training series validate.
         val_fraction: share of the training series held out for validation (stratified by class).
-        labels: a table ``id, label`` (CSV or Parquet) of a long table's series, when the table has
-            no ``label`` column.
+        labels: a CSV or Parquet table ``id, label`` of a long table's series (if it has no label column).
     """
 
     dataset: str | None = None
