@@ -203,15 +203,19 @@ BROKEN = {  # name -> (write the broken file into tmp_path d from arrays a, what
     ),
     "coords (N, A, 2)": (
         lambda d, a: write_rmd17(d / "r.npz", a, coords=a["positions"][..., :2]),
-        r"r\.npz: positions have shape \(12, 3, 2\)",
+        r"r\.npz: coords have shape \(12, 3, 2\)",
     ),
     "NaN energies": (
         lambda d, a: write_rmd17(d / "r.npz", a, energies=_nan_at_4(a["energies"])),
         r"r\.npz: energies of 1 frame\(s\) are NaN .*frame 4",
     ),
+    "energies that are not numbers": (
+        lambda d, a: write_rmd17(d / "r.npz", a, energies=np.array(["high"] * FRAMES)),
+        r"r\.npz: energies are not numbers",
+    ),
     "unknown element": (
         lambda d, a: write_rmd17(d / "r.npz", a, nuclear_charges=np.array([8, 1, 0])),
-        r"atomic numbers must be 1\.\.118",
+        r"nuclear_charges must be 1\.\.118",
     ),
     "sGDML missing E": (
         lambda d, a: _npz(d / "s.npz", z=NUMBERS, R=a["positions"], F=a["forces"]),

@@ -84,6 +84,22 @@ def _unit(path: Path, table: dict[str, float], name: str, key: str) -> float:
 
 
 # ------------------------------------------------------------------------------------ checks ----
+@dataclass(frozen=True)
+class Labels:
+    """What a file calls its arrays (for messages) and the factors to Å, eV and eV/Å."""
+
+    numbers: str = "atomic numbers"
+    positions: str = "positions"
+    energies: str = "energies"
+    forces: str = "forces"
+    to_angstrom: float = 1.0
+    to_ev: float = 1.0
+
+    @property
+    def to_ev_per_angstrom(self) -> float:
+        return self.to_ev / self.to_angstrom
+
+
 def checked_trajectory(
     path: Path,
     numbers: np.ndarray,
@@ -91,32 +107,46 @@ def checked_trajectory(
     energies: np.ndarray,
     forces: np.ndarray,
     source: dict,
+    labels: Labels = Labels(),
     name: str | None = None,
 ) -> Trajectory:
-    """A :class:`Trajectory` of the file's arrays (already in eV, eV/Å, Å), after checking what the
-    task needs: ``numbers`` ``(N,)`` integers 1..118, ``positions`` and ``forces`` ``(F, N, 3)``,
-    ``energies`` ``(F,)`` (or ``(F, 1)``, as sGDML writes), F ≥ 1, all finite; DataError naming ``path``."""
+    """A :class:`Trajectory` of the file's arrays in its units (``labels``: converted to Å, eV, eV/Å)
+    after checking what the task needs: ``numbers`` ``(N,)`` integers 1..118, ``positions`` and
+    ``forces`` ``(F, N, 3)``, ``energies`` ``(F,)`` (or ``(F, 1)``, as sGDML writes), F ≥ 1, all finite
+    numbers; DataError naming ``path`` and the file's own name of the array."""
     numbers = np.asarray(numbers)
     if numbers.ndim != 1 or numbers.shape[0] == 0:
-        raise DataError(f"{path}: atomic numbers have shape {numbers.shape}, expected (atoms,)")
+        raise DataError(f"{path}: {labels.numbers} have shape {numbers.shape}, expected (atoms,)")
     if not np.issubdtype(numbers.dtype, np.number) or (numbers != np.round(numbers)).any():
-        raise DataError(f"{path}: atomic numbers must be integers, got {numbers[:5]}")
+        raise DataError(f"{path}: {labels.numbers} must be integers, got {numbers[:5]}")
     numbers = numbers.astype(np.int64)
     if numbers.min() < 1 or numbers.max() > 118:
-        raise DataError(f"{path}: atomic numbers must be 1..118, got {sorted(set(numbers.tolist()))}")
-    energies = np.asarray(energies, dtype=np.float64)
+        raise DataError(f"{path}: {labels.numbers} must be 1..118, got {sorted(set(numbers.tolist()))}")
+    arrays = {}
+    for key, value, factor in (
+        (labels.energies, energies, labels.to_ev),
+        (labels.positions, positions, labels.to_angstrom),
+        (labels.forces, forces, labels.to_ev_per_angstrom),
+    ):
+        try:
+            arrays[key] = np.asarray(value, dtype=np.float64) * factor
+        except (TypeError, ValueError):
+            raise DataError(f"{path}: {key} are not numbers (dtype {np.asarray(value).dtype})") from None
+    energies = arrays[labels.energies]
     if energies.ndim == 2 and energies.shape[1] == 1:
-        energies = energies[:, 0]
+        energies = arrays[labels.energies] = energies[:, 0]
     if energies.ndim != 1 or energies.shape[0] == 0:
-        raise DataError(f"{path}: energies have shape {energies.shape}, expected (frames,) with frames ≥ 1")
+        raise DataError(
+            f"{path}: {labels.energies} have shape {energies.shape}, expected (frames,) with frames ≥ 1"
+        )
     n, frames = numbers.shape[0], energies.shape[0]
-    arrays = {"positions": np.asarray(positions, np.float64), "forces": np.asarray(forces, np.float64)}
-    for key, value in arrays.items():
-        if value.shape != (frames, n, 3):
+    for key in (labels.positions, labels.forces):
+        if arrays[key].shape != (frames, n, 3):
             raise DataError(
-                f"{path}: {key} have shape {value.shape}, expected (frames, atoms, 3) = {(frames, n, 3)}"
+                f"{path}: {key} have shape {arrays[key].shape}, expected (frames, atoms, 3) = "
+                f"{(frames, n, 3)}"
             )
-    for key, value in (("energies", energies), *arrays.items()):
+    for key, value in arrays.items():
         bad = ~np.isfinite(value.reshape(frames, -1)).all(axis=1)
         if bad.any():
             raise DataError(
@@ -124,9 +154,8 @@ def checked_trajectory(
                 f"(first: frame {int(bad.argmax())})"
             )
     settings = {**source, "file": str(path), "sha256": sha256_of(path)}
-    return Trajectory(
-        name or path.stem, "", numbers, arrays["positions"], energies, arrays["forces"], settings
-    )
+    positions, forces = arrays[labels.positions], arrays[labels.forces]
+    return Trajectory(name or path.stem, "", numbers, positions, energies, forces, settings)
 
 
 def _npz(path: Path) -> dict[str, np.ndarray]:
@@ -146,7 +175,9 @@ def read_geoattn(path: Path, keys: Keys) -> Trajectory:
     """The file ``geoattn data make molecule`` writes (eV, eV/Å, Å)."""
     t = load_trajectory(path)
     source = {"format": "geoattn", "units": "eV, eV/Å, Å (no conversion)"}
-    checked = checked_trajectory(path, t.atomic_numbers, t.positions, t.energies, t.forces, source, t.name)
+    checked = checked_trajectory(
+        path, t.atomic_numbers, t.positions, t.energies, t.forces, source, name=t.name
+    )
     checked.smiles, checked.settings = t.smiles, {**t.settings, **checked.settings}
     return checked
 
@@ -161,9 +192,9 @@ def read_rmd17(path: Path, keys: Keys) -> Trajectory:
         "units": "kcal/mol, kcal/mol/Å, Å",
         "conversion": f"energies and forces × {to_ev!r} eV per kcal/mol (ase.units.kcal / ase.units.mol)",
     }
-    energies, forces = np.asarray(f["energies"], np.float64), np.asarray(f["forces"], np.float64)
+    labels = Labels("nuclear_charges", "coords", "energies", "forces", to_ev=to_ev)
     return checked_trajectory(
-        path, f["nuclear_charges"], f["coords"], energies * to_ev, forces * to_ev, source
+        path, f["nuclear_charges"], f["coords"], f["energies"], f["forces"], source, labels
     )
 
 
@@ -172,9 +203,7 @@ def read_sgdml(path: Path, keys: Keys) -> Trajectory:
     3)`` in ``e_unit`` and ``r_unit`` (default kcal/mol and Å); a periodic file (``lattice``) is refused."""
     f = _npz(path)
     if "lattice" in f:
-        raise DataError(
-            f"{path} is periodic (it has a 'lattice'); the molecule task reads isolated molecules"
-        )
+        raise DataError(f"{path} is periodic (it has a 'lattice'); the task reads isolated molecules")
     e_unit = _text(f["e_unit"]) if "e_unit" in f else "kcal/mol"
     r_unit = _text(f["r_unit"]) if "r_unit" in f else "Ang"
     to_ev = _unit(path, energy_units(), e_unit, "e_unit")
@@ -185,11 +214,9 @@ def read_sgdml(path: Path, keys: Keys) -> Trajectory:
         "conversion": f"energies × {to_ev!r} eV per {e_unit}, positions × {to_ang!r} Å per {r_unit}, "
         f"forces × {to_ev / to_ang!r} (ase.units)",
     }
-    positions = np.asarray(f["R"], np.float64) * to_ang
-    energies = np.asarray(f["E"], np.float64) * to_ev
-    forces = np.asarray(f["F"], np.float64) * (to_ev / to_ang)
+    labels = Labels("z", "R", "E", "F", to_angstrom=to_ang, to_ev=to_ev)
     name = _text(f["name"]) if "name" in f else None
-    return checked_trajectory(path, f["z"], positions, energies, forces, source, name)
+    return checked_trajectory(path, f["z"], f["R"], f["E"], f["F"], source, labels, name)
 
 
 def read_extxyz(path: Path, keys: Keys) -> Trajectory:
@@ -219,15 +246,9 @@ def read_extxyz(path: Path, keys: Keys) -> Trajectory:
         forces.append(_label(path, i, atoms, keys.forces, atoms.arrays, "forces", "task.forces_key"))
     source = {"format": "extxyz", "units": "eV, eV/Å, Å (no conversion)", "energy_key": keys.energy,
               "forces_key": keys.forces}  # fmt: skip
-    try:
-        energies_array = np.array(energies, dtype=np.float64)
-        forces_array = np.array(forces, dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise DataError(
-            f"{path}: the {keys.energy!r} / {keys.forces!r} labels are not numbers ({err})"
-        ) from None
     positions = np.stack([atoms.positions for atoms in frames])
-    return checked_trajectory(path, numbers, positions, energies_array, forces_array, source)
+    labels = Labels(energies=repr(keys.energy), forces=repr(keys.forces))
+    return checked_trajectory(path, numbers, positions, energies, forces, source, labels)
 
 
 def _label(path: Path, i: int, atoms, key: str, table: dict, what: str, setting: str):

@@ -41,18 +41,21 @@ DEFAULT_N_TRAIN, DEFAULT_N_VAL, DEFAULT_N_VAL_FROM_INDEX_FILE = 1000, 1000, 50
 class MoleculeConfig:
     """The molecule task: which data file, the split, and the energy model's embedding and loss.
 
+    Without ``data`` the task builds (or finds in the cache) the file of the trajectory settings
+    (``geoattn data make molecule``). Without ``splits_dir`` the split is random (``split_seed``):
+    ``n_train``, ``n_val``, the rest test (rMD17's protocol). With it, test is the test file,
+    validation ``n_val`` frames drawn out of the training file and train the rest (or ``n_train`` of it).
+
     Fields:
-        name: the molecule (aspirin, ethanol, malonaldehyde, uracil, toluene, naphthalene, salicylic_acid).
-        data: a molecule file: geoattn's .npz, revised MD17's or sGDML's .npz, or extended XYZ (.xyz,
-            .extxyz); default: the cached file of the trajectory settings below, built on first use.
+        name: the molecule of the built file (aspirin, ethanol, malonaldehyde, uracil, toluene, ...).
+        data: the file: geoattn's, revised MD17's or sGDML's .npz, or extended XYZ (.xyz, .extxyz).
         frames, stride, equilibration, temperature, md_seed: the trajectory (TrajectorySettings).
-        energy_key, forces_key: an extended XYZ frame's energy (info or calculator) and forces (arrays
-            or calculator) labels, in eV and eV/Å (MACE's files: REF_energy, REF_forces).
-        splits_dir: a directory of revised MD17's split files (index_train_0N.csv, index_test_0N.csv):
-            test is the test file, validation n_val frames of the training file, train the rest.
-        split_index: the N of the split files (1..5 in revised MD17).
-        n_train, n_val: split sizes; default rMD17's 1000 and 1000 drawn at random (split_seed), the
-            rest test; with splits_dir, n_val defaults to 50 and train to the rest of the training file.
+        energy_key: an extended XYZ frame's energy (eV) in its info or calculator (MACE's: REF_energy).
+        forces_key: an extended XYZ frame's forces (eV/Å) in its arrays or calculator (REF_forces).
+        splits_dir: a directory of revised MD17's index_train_0N.csv / index_test_0N.csv split files.
+        split_index: the N of those files (1..5 in revised MD17).
+        n_train: training frames (default 1000; with splits_dir, the training file less validation).
+        n_val: validation frames (default 1000; with splits_dir, 50 out of the training file).
         split_seed: seed of the split permutation.
         cutoff, n_rbf, interactions, vectors: the radial embedding (MoleculeModelConfig).
         energy_weight, force_weight: loss weights on the energy and force MSE (SchNetPack's MD17 recipe).
