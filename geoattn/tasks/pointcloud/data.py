@@ -177,9 +177,12 @@ def _check_sets(sets: dict[str, tuple[Tensor, Tensor]], classes: tuple[str, ...]
     """Every class has a training example (a class the model never sees cannot be learned)."""
     seen = torch.bincount(sets["train"][1], minlength=len(classes))
     missing = [classes[i] for i in (seen == 0).nonzero().flatten().tolist()]
+    if len(missing) == 1:
+        raise DataError(f"{path}: class {missing[0]} has no training example")
     if missing:
+        names = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
         raise DataError(
-            f"{path}: class {', '.join(missing[:5])} has no training example ({len(missing)} classes)"
+            f"{path}: {len(missing)} of its {len(classes)} classes have no training example ({names})"
         )
 
 
