@@ -377,11 +377,16 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "experiment",
         help="run a named grid of runs (experiments/NAME.toml) resumably and write results/NAME.md",
-        description="Run the experiment defined in experiments/NAME.toml (cells x seeds): finished runs are "
-        "skipped, interrupted ones resume from their checkpoints, then the results are aggregated into "
-        "results/NAME.md (mean ± std, every seed, verdicts) and results/NAME_*.png.",
+        description="Run the experiment defined in experiments/NAME.toml or experiments/probes/NAME.toml "
+        "(cells x seeds): finished runs are skipped, interrupted ones resume from their checkpoints, then "
+        "the results are aggregated into results/NAME.md (mean ± std, every seed, verdicts) and "
+        "results/NAME_*.png. An exploratory experiment reads validation only; one with confirm = true "
+        "reads its test sets once, recorded in results/ledger.jsonl, and reports Holm-adjusted verdicts.",
     )
-    p.add_argument("name", help="experiment name (experiments/NAME.toml) or a path to such a file")
+    p.add_argument("name", nargs="?", help="experiment name (experiments/NAME.toml) or a path to such a file")
+    p.add_argument(
+        "--ledger", action="store_true", help="list the confirmations recorded in results/ledger.jsonl"
+    )
     p.add_argument("--dry-run", action="store_true", help="list the runs and what would happen to each")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (worker processes); default 1")
     p.add_argument(
@@ -404,7 +409,12 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     from geoattn.experiments import check_devices, execute, load_spec, plan, rewrite_verdicts, write_report
+    from geoattn.experiments.ledger import LEDGER, recorded
 
+    if args.ledger:
+        return _print_ledger(Path(args.results))
+    if not args.name:
+        raise UsageError("name an experiment (or --ledger to list the confirmations)")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     if args.threads is not None and args.threads < 1:
@@ -413,9 +423,20 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.from_results:
         print(f"wrote {rewrite_verdicts(spec, Path(args.results))}")
         return 0
+    if spec.legacy and not (args.report_only or args.dry_run):
+        raise UsageError(
+            f"{spec.name} names test metrics ({', '.join(spec.test_metrics)}) and is not confirm = true: "
+            "an exploratory experiment reads validation only; its report is the record read before the "
+            "protocol (--report-only rewrites it); a claim on test data is a new confirm = true experiment"
+        )
+    ledger_path = Path(args.results) / LEDGER
     runs = Path(args.runs)
     plans = plan(spec, runs)
     if args.dry_run:
+        if spec.confirm:
+            entry = recorded(spec, ledger_path)  # a changed protocol is refused here already
+            state = f"recorded (line {entry.line})" if entry else "not yet recorded"
+            print(f"confirmation {spec.name}: {state} in {ledger_path}")
         rows = [
             [p.cell.name, p.seed, p.status + (f" at {p.at_iter}" if p.status == "resume" else ""), p.out]
             for p in plans
@@ -428,7 +449,9 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         check_devices(spec, plans)  # before anything runs or is written
         try:
             show = functools.partial(print, flush=True)
-            execute(spec, plans, jobs=args.jobs, threads=args.threads, print_line=show)
+            execute(
+                spec, plans, jobs=args.jobs, threads=args.threads, print_line=show, ledger_path=ledger_path
+            )
         except UserError as err:  # some runs failed: report the others, then say which
             failure = err
         plans = plan(spec, runs)
@@ -436,6 +459,36 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     print(f"wrote {path}")
     if failure is not None:
         raise failure
+    return 0
+
+
+def _print_ledger(results: Path) -> int:
+    """``geoattn experiment --ledger``: one row per recorded confirmation, with its verdict where its
+    summary (``NAME.json``) has been written."""
+    import json
+
+    from geoattn.experiments.ledger import LEDGER, read_ledger
+
+    entries = read_ledger(results / LEDGER)
+    summaries = {}
+    for path in results.rglob("*.json"):
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(summary, dict) and "comparisons" in summary:
+            summaries[(summary.get("experiment"), summary.get("ledger", {}).get("spec_sha256"))] = summary
+    rows = []
+    for e in entries:
+        r = e.record
+        summary = summaries.get((r.get("experiment"), r.get("spec_sha256")))
+        verdicts = (
+            ", ".join("confirmed" if c["confirmed"] else "not confirmed" for c in summary["comparisons"])
+            if summary
+            else "no report yet"
+        )
+        commit = (r.get("commit") or "-")[:10] + ("+dirty" if r.get("dirty") else "")
+        rows.append([e.line, r.get("experiment"), len(r.get("seeds", [])), commit, r.get("time"), verdicts])
+    print(f"{len(entries)} confirmations in {results / LEDGER}")
+    if rows:
+        print(format_table(["line", "experiment", "seeds", "commit", "recorded", "verdicts"], rows))
     return 0
 
 

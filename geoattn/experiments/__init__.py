@@ -3,10 +3,23 @@ then aggregated into ``results/NAME.md`` and ``results/NAME_*.png`` (``geoattn e
 
 spec.py     the experiment file: base settings, cells, seeds, metrics, comparisons, plots
 runner.py   plan (what is done, what resumes, what is new) and execution (in process or parallel)
-report.py   mean ± std per cell, every seed's number, verdicts by Welch's t-test, plots
+report.py   mean ± std per cell, every seed's number, verdicts by Welch's t-test, plots; a
+            confirmation's Holm-adjusted family and its NAME.json
+ledger.py   the confirmations' ledger (results/ledger.jsonl): recorded before the first test read,
+            refusing a changed protocol or data another confirmation read
 """
 
-from geoattn.experiments.report import Comparison, aggregate, rewrite_verdicts, verdict, welch, write_report
+from geoattn.experiments.report import (
+    Comparison,
+    aggregate,
+    check_confirmations,
+    holm,
+    rewrite_verdicts,
+    verdict,
+    welch,
+    welch_interval,
+    write_report,
+)
 from geoattn.experiments.runner import RunPlan, check_devices, execute, plan
 from geoattn.experiments.spec import ExperimentSpec, load_spec
 
@@ -21,6 +34,9 @@ __all__ = [
     "aggregate",
     "verdict",
     "welch",
+    "welch_interval",
+    "holm",
+    "check_confirmations",
     "rewrite_verdicts",
     "write_report",
 ]

@@ -6,19 +6,27 @@ mean_b) / SE`` and the Welch–Satterthwaite degrees of freedom
 ``df = SE⁴ / ((s_a²/n_a)²/(n_a − 1) + (s_b²/n_b)²/(n_b − 1))``, a difference is called real only when
 ``p < 0.05``. At two or three seeds a side df is 1–4, where the critical |t| is 2.8–12.7, not 2.
 With one seed on a side, or no spread on either side (t undefined), there is no verdict.
+
+A confirmatory experiment's report (``confirm = true``) reads its comparisons as one family: each
+effect a − b (and relative to b's mean) with its 95 % Welch confidence interval, Welch's p, and Holm's
+adjusted p over the experiment's comparisons; "confirmed" only where the adjusted p < ``alpha``. Beside
+it ``results/NAME.json`` (:func:`write_summary`) holds the same numbers for README's results table.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from geoattn.errors import CheckpointError, ConfigError
+from geoattn.experiments import ledger
 from geoattn.experiments.runner import RunPlan, evaluation_file, sets_read
 from geoattn.experiments.spec import ExperimentSpec
 from geoattn.formatting import format_table, significant
@@ -147,6 +155,200 @@ def verdict(comparison: Comparison, higher_is_better: bool = False, descriptive:
     return f"{head}: {c.a} is {word} (p < {ALPHA:g})."
 
 
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjustment of ``ps`` (one family), in their order: the i-th smallest p times
+    (m − i + 1), made non-decreasing, capped at 1. A NaN p (no test) counts in m as p = 1 and stays NaN.
+
+    Example: ``[0.01, 0.04, 0.03] -> [0.03, 0.06, 0.06]``."""
+    m = len(ps)
+    order = sorted(range(m), key=lambda i: 1.0 if math.isnan(ps[i]) else ps[i])
+    adjusted, running = [math.nan] * m, 0.0
+    for rank, i in enumerate(order):
+        p = 1.0 if math.isnan(ps[i]) else ps[i]
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = math.nan if math.isnan(ps[i]) else running
+    return adjusted
+
+
+def welch_interval(a: list[float], b: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` confidence interval of mean_a − mean_b under Welch's t (Welch–Satterthwaite df):
+    ``diff ± t_{(1+level)/2, df} · SE``; NaNs where the test is undefined (see :func:`welch`)."""
+    from scipy.stats import t as student_t
+
+    diff, se, _, df, _ = welch(a, b)
+    if math.isnan(df):
+        return math.nan, math.nan
+    half = float(student_t.ppf((1 + level) / 2, df)) * se
+    return diff - half, diff + half
+
+
+@dataclass
+class Confirmed:
+    """One declared comparison of a confirmation, read under the family's Holm adjustment."""
+
+    a: str
+    b: str
+    metric: str
+    n_a: int
+    n_b: int
+    effect: float  # mean_a − mean_b
+    relative: float  # effect / mean_b
+    ci95: tuple[float, float]
+    df: float
+    p: float
+    p_holm: float
+    confirmed: bool
+    verdict: str
+
+
+def confirm(spec: ExperimentSpec, table: dict[str, dict[str, Stat]]) -> list[Confirmed]:
+    """Every ``[[compare]]`` of a confirmatory ``spec`` on ``table`` (:func:`aggregate`), adjusted
+    together (Holm) and called at ``spec.alpha``."""
+    rows = [compare(table, e["a"], e["b"], e["metric"]) for e in spec.compare]
+    adjusted = holm([c.p for c in rows])
+    out = []
+    for c, p_holm in zip(rows, adjusted):
+        a, b = table[c.a].get(c.metric, Stat([])), table[c.b].get(c.metric, Stat([]))
+        relative = c.diff / b.mean if b.mean else math.nan
+        confirmed = p_holm < spec.alpha
+        if math.isnan(p_holm):
+            word = "no test (fewer than two seeds, or no spread, on a side): not confirmed"
+        elif not confirmed:
+            word = f"not confirmed (Holm p ≥ {spec.alpha:g})"
+        else:
+            if c.metric in spec.descriptive:
+                direction = "higher" if c.diff > 0 else "lower"
+            else:
+                direction = "better" if (c.diff > 0) == (c.metric in spec.higher_is_better) else "worse"
+            word = f"confirmed: {c.a} is {direction} (Holm p < {spec.alpha:g})"
+        ci = welch_interval(a.values, b.values)
+        out.append(
+            Confirmed(
+                c.a, c.b, c.metric, c.n_a, c.n_b, c.diff, relative, ci, c.df, c.p, p_holm, confirmed, word
+            )
+        )
+    return out
+
+
+def confirmation_rule(spec: ExperimentSpec) -> str:
+    return (
+        f"The comparisons below ({len(spec.compare)}) were declared before the first test read and are read "
+        "as one family: each effect is mean_a − mean_b over seeds (relative: ÷ mean_b) with its 95 % "
+        "confidence interval under Welch's t (diff ± t₀.₉₇₅,df · SE, Welch–Satterthwaite df), Welch's "
+        f'two-sided p, and Holm\'s adjusted p over the family; "confirmed" only where the adjusted p < '
+        f"{spec.alpha:g}."
+    )
+
+
+def _confirmation_lines(spec: ExperimentSpec, table: dict[str, dict[str, Stat]], entry) -> list[str]:
+    """The report's "Confirmation" section: the claim, the rule, the ledger entry, one row a comparison."""
+    rows = []
+    for c in confirm(spec, table):
+        low, high = c.ci95
+        rows.append(
+            [
+                f"{c.a} − {c.b}",
+                c.metric,
+                f"{c.n_a}, {c.n_b}",
+                f"{c.effect:+.4g}",
+                "–" if math.isnan(c.relative) else f"{100 * c.relative:+.1f} %",
+                "–" if math.isnan(low) else f"[{low:+.4g}, {high:+.4g}]",
+                "–" if math.isnan(c.p) else _p(c.p),
+                "–" if math.isnan(c.p_holm) else _p(c.p_holm),
+                c.verdict,
+            ]
+        )
+    record = entry.record
+    commit = (record.get("commit") or "")[:12] or "outside a git checkout"
+    dirty = " (with uncommitted changes)" if record.get("dirty") else ""
+    lines = ["## Confirmation", "", f"Claim: {spec.claim.strip()}", "", confirmation_rule(spec), ""]
+    lines += [
+        f"Recorded before its first test read in `{ledger.LEDGER}` (line {entry.line}): spec sha256 "
+        f"{record['spec_sha256'][:12]}, code {commit}{dirty}, data {_data_text(record['data'])}, "
+        f"at {record.get('time')}.",
+        "",
+        format_table(
+            ["comparison", "metric", "n", "effect", "relative", "95 % CI", "p", "Holm p", "verdict"], rows
+        ),
+        "",
+    ]
+    if spec.conclusion:
+        lines += ["## Reading", "", spec.conclusion.strip(), ""]
+    return lines
+
+
+def _data_text(identity: dict[str, Any]) -> str:
+    if "generator" in identity:
+        g = identity["generator"]
+        return f"generator {g['name']} version {g['version']} seed {g['seed']} (task.{g['option']})"
+    return ", ".join(f"{name} ({digest[:12]})" for name, digest in identity.get("files", {}).items())
+
+
+def _json_number(x: float) -> float | None:
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def write_summary(spec: ExperimentSpec, table: dict[str, dict[str, Stat]], report: Path, entry) -> Path:
+    """``NAME.json`` beside the report: the claim, data, each comparison's effect, CI, p, Holm p and
+    verdict, and the ledger entry, so README's results table is built from confirmations only."""
+    comparisons = []
+    for c in confirm(spec, table):
+        row = {k: _json_number(v) for k, v in asdict(c).items() if k != "ci95"}
+        row["ci95"] = [_json_number(v) for v in c.ci95]
+        comparisons.append(row)
+    summary = {
+        "experiment": spec.name,
+        "claim": spec.claim.strip(),
+        "report": report.as_posix(),
+        "spec": spec.path.as_posix(),
+        "data": entry.record["data"],
+        "alpha": spec.alpha,
+        "seeds": list(spec.seeds),
+        "ledger": {
+            "line": entry.line,
+            "spec_sha256": entry.record["spec_sha256"],
+            "commit": entry.record.get("commit"),
+            "dirty": entry.record.get("dirty"),
+        },
+        "comparisons": comparisons,
+        "confirmed": all(c["confirmed"] for c in comparisons),
+    }
+    path = report.with_suffix(".json")
+    path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def check_confirmations(results: Path) -> list[str]:
+    """What is missing behind the confirmations' summaries (``results/**/NAME.json``): each must have
+    its report and a ledger entry of its experiment with its spec hash. Empty when all is in place."""
+    entries = ledger.read_ledger(results / ledger.LEDGER)
+    problems = []
+    for path in sorted(results.rglob("*.json")):
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(summary, dict) or "comparisons" not in summary or "claim" not in summary:
+            continue
+        if not path.with_suffix(".md").is_file():
+            problems.append(f"{path}: no report {path.with_suffix('.md')}")
+        digest = summary.get("ledger", {}).get("spec_sha256")
+        if not any(
+            e.record.get("experiment") == summary.get("experiment") and e.record.get("spec_sha256") == digest
+            for e in entries
+        ):
+            problems.append(
+                f"{path}: no entry of {summary.get('experiment')!r} with its spec hash in the ledger"
+            )
+    return problems
+
+
+LEGACY = (
+    "**Read before the protocol (legacy).** This experiment names test metrics ({metrics}) that were "
+    "read while exploring: recipes changed between reads and seeds were added after looking, with no "
+    "correction for multiple comparisons. Its numbers are the exploratory record, not a confirmation "
+    "(those are `confirm = true` experiments, recorded in results/ledger.jsonl); it is reported, not run "
+    "again."
+)
+
+
 def _p(p: float) -> str:
     return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
 
@@ -212,12 +414,16 @@ def _plot(spec: ExperimentSpec, table: dict[str, dict[str, Stat]], entry: dict[s
 
 
 def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs: Path) -> Path:
-    """``results/NAME.md`` (tables, verdicts, every seed) and ``results/NAME_*.png``; returns the .md."""
+    """``results/NAME.md`` (tables, verdicts, every seed) and ``results/NAME_*.png`` (a probe's under
+    ``results/probes/``); a confirmation's "Confirmation" section and ``NAME.json`` (its ledger entry
+    must be recorded: ProtocolError otherwise); returns the .md."""
     import torch
 
     from geoattn.bench.common import cpu_isa, cpu_model
 
-    results.mkdir(parents=True, exist_ok=True)
+    entry = _ledger_entry(spec, results)
+    folder = results / spec.folder
+    folder.mkdir(parents=True, exist_ok=True)
     table = aggregate(spec, plans)
     finished = sum(1 for p in plans if run_values(p.out).get("iter") == p.config["max_iters"])
     lines = [f"# Experiment `{spec.name}`", ""]
@@ -225,12 +431,17 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
         lines += [spec.description.strip(), ""]
     lines += [
         f"Command: `geoattn experiment {spec.name}` (definition: `{spec.path.as_posix()}`; runs in "
-        f"`{runs.as_posix()}/`, shared with other experiments where the settings agree). "
-        f"{finished} of {len(plans)} runs finished; seeds {spec.seeds}.",
+        + (
+            f"`{spec.runs_root(runs).as_posix()}/`, its own). "
+            if spec.confirm
+            else f"`{runs.as_posix()}/`, shared with other experiments where the settings agree). "
+        )
+        + f"{finished} of {len(plans)} runs finished; seeds {spec.seeds}.",
         f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.machine()} ({cpu_model()}, "
         f"{cpu_isa()}), {_cpus()} CPU cores, torch {torch.__version__}.",
         *data_read(plans),
         "",
+        *([LEGACY.format(metrics=", ".join(spec.test_metrics)), ""] if spec.legacy else []),
         "## Mean ± std over seeds",
         "",
         format_table(
@@ -239,11 +450,11 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
         ),
         "",
     ]
-    lines += _verdicts_and_reading(spec, table)
-    for entry in spec.plots:
-        name = f"{spec.name}_{re.sub(r'[^A-Za-z0-9]+', '_', entry['metric']).strip('_')}.png"
-        _plot(spec, table, entry, results / name)
-        lines += [f"![{entry['metric']}]({name})", ""]
+    lines += _confirmation_lines(spec, table, entry) if entry else _verdicts_and_reading(spec, table)
+    for plot in spec.plots:
+        name = f"{spec.name}_{re.sub(r'[^A-Za-z0-9]+', '_', plot['metric']).strip('_')}.png"
+        _plot(spec, table, plot, folder / name)
+        lines += [f"![{plot['metric']}]({name})", ""]
     per_seed = []
     for p in plans:
         values = run_values(p.out, evaluation_file(p.config))
@@ -258,9 +469,26 @@ def write_report(spec: ExperimentSpec, plans: list[RunPlan], results: Path, runs
         "</details>",
         "",
     ]
-    path = results / f"{spec.name}.md"
+    path = folder / f"{spec.name}.md"
     path.write_text("\n".join(lines))
+    if entry:
+        write_summary(spec, table, path, entry)
     return path
+
+
+def _ledger_entry(spec: ExperimentSpec, results: Path) -> ledger.Entry | None:
+    """A confirmation's ledger entry (None for an exploratory spec); ProtocolError when it has none or
+    the spec changed since (its report would read what no protocol declared)."""
+    if not spec.confirm:
+        return None
+    path = results / ledger.LEDGER
+    entry = ledger.recorded(spec, path)
+    if entry is None:
+        raise ledger.ProtocolError(
+            f"{spec.name}: no confirmation of it is recorded in {path}: run it (geoattn experiment "
+            f"{spec.name}) before its report is written"
+        )
+    return entry
 
 
 def data_read(plans: list[RunPlan]) -> list[str]:
@@ -359,7 +587,14 @@ def rewrite_verdicts(spec: ExperimentSpec, results: Path) -> Path:
     end = next(i for i, line in enumerate(lines) if line.startswith("![") or line == EVERY_SEED)
     start = starts[0] if starts else end
     note = "(Recomputed from the every-seed table below, four significant digits per value.)"
-    lines[start:end] = _verdicts_and_reading(spec, table, note)
+    entry = _ledger_entry(spec, results)
+    if entry:
+        starts = [i for i, line in enumerate(lines) if line in ("## Confirmation", "## Reading")]
+        start = starts[0] if starts else end
+        lines[start:end] = [*_confirmation_lines(spec, table, entry)[:-1], note, ""]
+        write_summary(spec, table, path, entry)
+    else:
+        lines[start:end] = _verdicts_and_reading(spec, table, note)
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
 

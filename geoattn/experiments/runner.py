@@ -6,6 +6,10 @@ they are measured on, :func:`evaluation_file`); it
 *resumes* when its directory holds a checkpoint; else it is *new*. Interrupting (Ctrl-C) saves every
 running run's checkpoint, so a long suite can be carried across several sittings by running the same
 command again.
+
+An exploratory experiment's runs seal their task's test sets (``read_test`` false); a confirmatory
+one's read them, after :func:`geoattn.experiments.ledger.record` has written its ledger line (or found
+it, resuming) and refused a changed protocol.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from geoattn.errors import UserError
+from geoattn.experiments import ledger
 from geoattn.experiments.spec import Cell, ExperimentSpec
 from geoattn.training.run_dir import RunDirectory
 
@@ -74,11 +79,13 @@ def _evaluated(run: RunDirectory, name: str) -> bool:
 
 
 def plan(spec: ExperimentSpec, runs: Path) -> list[RunPlan]:
-    """Every (seed, cell) of ``spec`` with its run directory under ``runs`` and its status."""
+    """Every (seed, cell) of ``spec`` with its run directory under ``runs`` (a confirmation's: under
+    :meth:`~geoattn.experiments.spec.ExperimentSpec.runs_root`) and its status."""
     plans = []
+    root = spec.runs_root(runs)
     for seed in spec.seeds:  # seed-major: an interrupted suite has every cell at n seeds, not some at 3
         for cell in spec.cells:
-            config = spec.config(cell, seed, runs)
+            config = spec.config(cell, seed, root)
             out = Path(config["out"])
             # a peer is evaluated where its command wrote what it predicted (e.g. GATr's runner)
             evaluate = spec.evaluate and (cell.command is None or (out / PEER_PREDICTIONS).is_file())
@@ -122,7 +129,7 @@ def run_one(
 
 def _train_and_evaluate(train, run: RunDirectory, evaluate: bool, evaluation: str) -> dict[str, Any]:
     from geoattn.training.evaluate import evaluation_rows, load_run
-    from geoattn.training.trainer import Trainer, run_task
+    from geoattn.training.trainer import Trainer, run_task, seal
 
     # now, under the claim (the plan may be old)
     status, _ = _status(run, train.max_iters, evaluate, evaluation)
@@ -142,6 +149,7 @@ def _train_and_evaluate(train, run: RunDirectory, evaluate: bool, evaluation: st
         stop_requested = summary.get("stop_requested", False)
     if evaluate:
         loaded = load_run(run.path)
+        seal(loaded.task, train)  # this experiment's protocol, whoever trained the run
         rows = [dataclasses.asdict(r) for r in evaluation_rows(loaded)]
         run.write_evaluation(rows, evaluation)
     if stop_requested:
@@ -184,6 +192,8 @@ def _evaluate_peer(config: dict[str, Any], path: Path) -> tuple[list[dict[str, A
     where = {"task": TrainConfig.task, "block_size": TrainConfig.block_size, **config["evaluate_on"]}
     data = where.get("data") or None
     task = get_task(where["task"], where.get("task_options"), data=data, block_size=where["block_size"])
+    if not config.get("read_test", True):
+        task.sealed = frozenset(task.test_sets)
     try:  # a truncated or foreign file fails in many ways (BadZipFile, EOFError, TypeError, ...)
         with np.load(path) as npz:
             predictions = {name: torch.from_numpy(npz[name]) for name in npz.files}
@@ -288,6 +298,7 @@ def execute(
     jobs: int = 1,
     threads: int | None = None,
     print_line: Callable[[str], None] = print,
+    ledger_path: Path = Path("results") / ledger.LEDGER,
 ) -> None:
     """Run every plan that is not done: in this process (``jobs=1``) or in ``jobs`` worker
     processes, each run with ``threads`` threads (default: torch's own in this process,
@@ -295,11 +306,15 @@ def execute(
     threads slow every process on it). One progress line per run.
 
     A run that fails with a user error (e.g. an inconsistent checkpoint left by a killed process) is
-    reported on its line and the others still run; then a UserError lists the failed runs."""
+    reported on its line and the others still run; then a UserError lists the failed runs.
+
+    A confirmation with runs to do is recorded in ``ledger_path`` first (or refused there)."""
     todo = [p for p in plans if p.status != "done"]
     total = len(todo)
     failed: list[str] = []
     check_devices(spec, todo)
+    if spec.confirm:
+        (ledger.record if todo else ledger.recorded)(spec, ledger_path)
 
     def fail(index: int, p: RunPlan, err: UserError) -> None:
         print_line(_line(index, total, p, f"failed: {err}"))

@@ -73,6 +73,35 @@ A peer cell that several experiments report (the same runs, read by each) is wri
 
 A run's directory is keyed by the cell's name, command, budget and the base's ``data``, so every
 experiment naming the peer on the same files shares its runs.
+
+Exploration and confirmation. An experiment is *exploratory* by default: its runs read validation
+only (the task's ``test_sets`` are sealed, :meth:`geoattn.tasks.base.Task.readable`), and it may not
+name a test metric (``test_mse``, ``eval_mse``: a metric of a set in ``test_sets``) in ``metrics``,
+``[[compare]]`` or ``[[plots]]``. Such a spec written before this protocol is *legacy*: its report is
+the record of numbers read while exploring (adaptively, uncorrected), marked so; the command line
+reports it but runs nothing new for it. A *confirmatory* experiment declares, before its first run,
+what it will read and test::
+
+    confirm = true
+    claim = "The rotor recipe predicts GATr's n-body test set better than the Clifford recipe."
+    seeds = [11, 12, 13, 14, 15]                 # n >= 5, fixed: adding seeds later is refused
+    alpha = 0.05                                 # "confirmed": Holm-adjusted p < alpha
+    data_sha256 = { "data/nbody/test.npz" = "3f5c..." }   # the held-out files it reads, or:
+    # data_generator = { name = "pointcloud", version = "1", seed = 9001, option = "seed" }
+
+    [[compare]]                                  # its primary comparisons (at least one)
+    a = "rotor"
+    b = "clifford"
+    metric = "test_mse"
+
+Its runs live apart (``RUNS/confirmations/NAME/``) and read the test sets; the runner records the
+spec's hash, the data, the code's commit, cells and seeds in ``results/ledger.jsonl`` before the first
+test read and refuses a changed spec or data another confirmation has read
+(:mod:`geoattn.experiments.ledger`). A generator's ``option`` (default ``seed``) is the ``task.*`` key
+that must hold its ``seed`` in every cell.
+
+Experiments live in ``experiments/NAME.toml`` (their report in ``results/NAME.md``) or, for the probes
+that led to a result, ``experiments/probes/NAME.toml`` (report in ``results/probes/NAME.md``).
 """
 
 from __future__ import annotations
@@ -92,6 +121,7 @@ from geoattn.settings import read_toml
 from geoattn.training.config import FIELDS, TrainConfig
 
 EXPERIMENTS_DIR = Path("experiments")
+PROBES = "probes"  # experiments/probes/NAME.toml, reported in results/probes/NAME.md
 PEERS_FILE = "peers.toml"  # the named peer cells, beside the experiment files (not an experiment)
 PLOT_KINDS = ("bar", "curve")
 TOP_KEYS = {
@@ -106,7 +136,21 @@ TOP_KEYS = {
     "cells",
     "compare",
     "plots",
+    "confirm",
+    "claim",
+    "alpha",
+    "data_sha256",
+    "data_generator",
 }
+MIN_CONFIRM_SEEDS = 5
+GENERATOR_KEYS = {"name", "version", "seed", "option"}
+
+
+def is_test_metric(metric: str, test_sets: tuple[str, ...]) -> bool:
+    """Whether ``metric`` (or a curve's metric prefix) is measured on one of ``test_sets``: named
+    ``SET`` or ``SET_...`` (``test_mse``, ``test_mse_last``, ``eval_mse``), or a baseline of one."""
+    name = metric.removeprefix("baseline_")
+    return any(name == s or name.startswith(f"{s}_") for s in test_sets)
 
 
 @dataclass
@@ -139,6 +183,38 @@ class ExperimentSpec:
     higher_is_better: list[str] = field(default_factory=list)
     descriptive: list[str] = field(default_factory=list)
     evaluate: bool = False
+    confirm: bool = False
+    claim: str = ""
+    alpha: float = 0.05
+    data_sha256: dict[str, str] = field(default_factory=dict)
+    data_generator: dict[str, Any] | None = None
+    test_sets: tuple[str, ...] = ("test",)  # the held-out sets of its cells' tasks
+
+    @property
+    def test_metrics(self) -> list[str]:
+        """The test metrics it names (``metrics``, ``[[compare]]``, ``[[plots]]``), in order."""
+        named = [*self.metrics, *(c["metric"] for c in self.compare), *(p["metric"] for p in self.plots)]
+        return [m for m in dict.fromkeys(named) if is_test_metric(m, self.test_sets)]
+
+    @property
+    def legacy(self) -> bool:
+        """An exploratory spec that names test metrics: written before the protocol, report only."""
+        return not self.confirm and bool(self.test_metrics)
+
+    @property
+    def reads_test(self) -> bool:
+        """Whether its runs read the test sets (confirmatory; legacy runs did, and keep their files)."""
+        return self.confirm or self.legacy
+
+    @property
+    def folder(self) -> str:
+        """``probes`` for ``experiments/probes/NAME.toml``, else empty: where under results/ it reports."""
+        return PROBES if self.path.parent.name == PROBES else ""
+
+    def runs_root(self, runs: Path) -> Path:
+        """Where its run directories live: ``runs``, shared by every exploratory experiment whose
+        settings agree; a confirmation's apart (``runs/confirmations/NAME``), trained for it alone."""
+        return runs / "confirmations" / self.name if self.confirm else runs
 
     def config(self, cell: Cell, seed: int, runs: Path) -> dict[str, Any]:
         """The TrainConfig fields (as a dict) of ``cell`` at ``seed``, its run directory under ``runs``;
@@ -169,6 +245,7 @@ class ExperimentSpec:
                 "out": str(out),
                 "seed": seed,
                 "evaluate_on": task,
+                "read_test": self.reads_test,
             }
         values = dict(self.base)
         for key, value in cell.fields.items():
@@ -176,7 +253,7 @@ class ExperimentSpec:
                 values[key] = {**values.get(key, {}), **value}
             else:
                 values[key] = value
-        values.update(seed=seed, out=None)
+        values.update(seed=seed, out=None, read_test=self.reads_test)
         config = build_config(values).to_dict()
         config["out"] = str(cell_dir(runs, config))
         return config
@@ -212,22 +289,28 @@ def load_peers(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def find_spec(name: str) -> Path:
-    """``experiments/NAME.toml`` (relative to the working directory) or ``name`` as a path."""
-    candidates = [Path(name), EXPERIMENTS_DIR / f"{name}.toml"]
+    """``experiments/NAME.toml`` or ``experiments/probes/NAME.toml`` (relative to the working
+    directory), or ``name`` as a path."""
+    candidates = [Path(name), EXPERIMENTS_DIR / f"{name}.toml", EXPERIMENTS_DIR / PROBES / f"{name}.toml"]
     for path in candidates:
         if path.is_file():
             if path.name == PEERS_FILE:
                 raise ConfigError(f"{path} holds the peer cells experiments name, not an experiment")
             return path
-    available = (
-        sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.toml") if p.name != PEERS_FILE)
-        if EXPERIMENTS_DIR.is_dir()
-        else []
-    )
+    found = [*EXPERIMENTS_DIR.glob("*.toml"), *(EXPERIMENTS_DIR / PROBES).glob("*.toml")]
+    available = sorted(p.stem for p in found if p.name != PEERS_FILE)
     raise ConfigError(
-        f"no experiment {name!r}: neither {candidates[1]} nor a file {name} exists"
+        f"no experiment {name!r}: neither {candidates[1]}, {candidates[2]} nor a file {name} exists"
         + (f"; available: {', '.join(available)}" if available else "")
     )
+
+
+def peers_file(spec_path: Path) -> Path:
+    """The ``peers.toml`` a spec's peer cells name: beside it, or (a probe's) one folder up."""
+    beside = spec_path.parent / PEERS_FILE
+    if spec_path.parent.name == PROBES and not beside.is_file():
+        return spec_path.parent.parent / PEERS_FILE
+    return beside
 
 
 def load_spec(name: str) -> ExperimentSpec:
@@ -268,14 +351,14 @@ def load_spec(name: str) -> ExperimentSpec:
                 )
             if peers is None:
                 try:
-                    peers = load_peers(path.parent / PEERS_FILE)
+                    peers = load_peers(peers_file(path))
                 except ConfigError as err:
                     raise ConfigError(
                         f"{where}: cell {index + 1} names peer {raw['peer']!r}: {err}"
                     ) from None
             if raw["peer"] not in peers:
                 raise ConfigError(
-                    f"{where}: cell {index + 1}: no peer {raw['peer']!r} in {path.parent / PEERS_FILE}"
+                    f"{where}: cell {index + 1}: no peer {raw['peer']!r} in {peers_file(path)}"
                     + (f"; defined: {', '.join(sorted(peers))}" if peers else "")
                 )
             raw = peers[raw["peer"]]
@@ -289,7 +372,7 @@ def load_spec(name: str) -> ExperimentSpec:
             names.add(_slug(cell.name))
             cells.append(cell)
             continue
-        bad = sorted(k for k in [*fields, *base] if k not in FIELDS or k in ("out", "seed"))
+        bad = sorted(k for k in [*fields, *base] if k not in FIELDS or k in ("out", "seed", "read_test"))
         if bad:
             raise ConfigError(
                 f"{where}: cell {raw['name']!r}: {', '.join(bad)} are not settable TrainConfig fields"
@@ -322,18 +405,93 @@ def load_spec(name: str) -> ExperimentSpec:
         higher_is_better=list(doc.get("higher_is_better", [])),
         descriptive=list(doc.get("descriptive", [])),
         evaluate=bool(doc.get("evaluate", False)),
+        confirm=doc.get("confirm", False),
+        claim=str(doc.get("claim", "")),
+        alpha=doc.get("alpha", 0.05),
+        data_sha256=doc.get("data_sha256", {}),
+        data_generator=doc.get("data_generator"),
+        test_sets=_test_sets(base, cells),
     )
     for cell in cells:  # every cell must build a valid TrainConfig (types, ranges, the task exists)
         try:
             spec.config(cell, seeds[0], Path("runs"))
         except ConfigError as err:
             raise ConfigError(f"{where}: cell {cell.name!r}: {err}") from None
+    _check_protocol(spec, where)
     return spec
+
+
+def _test_sets(base: dict[str, Any], cells: list[Cell]) -> tuple[str, ...]:
+    """The held-out sets (``Task.test_sets``) of every task its cells train on, in order."""
+    from geoattn.tasks import task_class
+
+    names = [cell.fields.get("task", base.get("task", TrainConfig.task)) for cell in cells]
+    sets: dict[str, None] = {}
+    for name in dict.fromkeys(names):
+        try:
+            sets.update(dict.fromkeys(task_class(name).test_sets))
+        except ConfigError:  # an unknown task: the cells' own check names it
+            continue
+    return tuple(sets)
+
+
+HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _check_protocol(spec: ExperimentSpec, where: str) -> None:
+    """The protocol's fields: types, and what a confirmation must declare; ConfigError (one line)."""
+    if not isinstance(spec.confirm, bool):
+        raise ConfigError(f"{where}: confirm must be true or false, got {spec.confirm!r}")
+    if isinstance(spec.alpha, bool) or not isinstance(spec.alpha, float) or not 0 < spec.alpha < 1:
+        raise ConfigError(f"{where}: alpha must be a number in (0, 1), got {spec.alpha!r}")
+    if not isinstance(spec.data_sha256, dict) or not all(
+        isinstance(v, str) and HEX64.fullmatch(v) for v in spec.data_sha256.values()
+    ):
+        raise ConfigError(f"{where}: data_sha256 must map file paths to sha256 digests (64 lowercase hex)")
+    generator = spec.data_generator
+    if generator is not None and (
+        not isinstance(generator, dict)
+        or not {"name", "version", "seed"} <= set(generator) <= GENERATOR_KEYS
+        or not isinstance(generator["seed"], int)
+    ):
+        raise ConfigError(
+            f"{where}: data_generator needs name, version and seed (an integer), and may name option "
+            f"(the task.* key holding the seed), got {generator!r}"
+        )
+    if not spec.confirm:
+        if spec.data_sha256 or generator is not None or spec.claim:
+            raise ConfigError(f"{where}: claim, data_sha256 and data_generator belong to confirm = true")
+        return
+    seeds = spec.seeds
+    if len(set(seeds)) != len(seeds) or len(seeds) < MIN_CONFIRM_SEEDS:
+        raise ConfigError(
+            f"{where}: a confirmation needs at least {MIN_CONFIRM_SEEDS} distinct seeds, got {seeds}"
+        )
+    if not spec.compare:
+        raise ConfigError(f"{where}: a confirmation declares its primary comparisons ([[compare]])")
+    if not spec.claim.strip():
+        raise ConfigError(f'{where}: a confirmation states its claim (claim = "...")')
+    if bool(spec.data_sha256) == (generator is not None):
+        raise ConfigError(
+            f"{where}: a confirmation declares its data: data_sha256 (files) or data_generator, one of them"
+        )
+    if generator is not None:
+        option = generator.get("option", "seed")
+        for cell in spec.cells:
+            options = spec.config(cell, seeds[0], Path("runs")).get("task_options") or spec.base.get(
+                "task_options", {}
+            )
+            if options.get(option) != generator["seed"]:
+                raise ConfigError(
+                    f"{where}: cell {cell.name!r} draws its data with task.{option} = "
+                    f"{options.get(option)!r}, the data_generator declares seed {generator['seed']}"
+                )
 
 
 # fields that do not change what a run computes: left out of its directory's key (``compile`` runs the
 # same maths through torch.compile: a cell's runs may mix compiled and eager ones, and share runs)
-NOT_KEYED = ("out", "seed", "logger", "plots", "log_interval", "compile")
+# (``read_test``: an exploratory run that sealed its test sets trained the same model as one that did not)
+NOT_KEYED = ("out", "seed", "logger", "plots", "log_interval", "compile", "read_test")
 
 
 def cell_dir(runs: Path, config: dict[str, Any]) -> Path:

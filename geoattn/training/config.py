@@ -112,6 +112,12 @@ class TrainConfig:
         "evaluation; needs geoattn[tensorboard]); comma-separated for several: jsonl,tensorboard",
     )
     plots: bool = _opt(True, "write PNG plots at the end", flag=False)
+    read_test: bool = _opt(
+        True,
+        "read the task's test sets (Task.test_sets); an exploratory experiment's runs set it false: "
+        "they seal those sets and compute no metric of them (validation only)",
+        flag=False,
+    )
     # runtime
     seed: int = _opt(1337, "seed for initialisation and data")
     device: str = _opt("cpu", "cpu | cuda")

@@ -54,8 +54,8 @@ EVAL_SPLITS = ("train", "val")
 
 def run_task(config: TrainConfig, *, meta: dict[str, Any] | None = None, load_data: bool = True) -> Task:
     """The task of the run ``config``: its ``task.*`` options, ``--data`` and ``--block-size`` (see
-    :meth:`geoattn.tasks.base.Task.from_options`)."""
-    return get_task(
+    :meth:`geoattn.tasks.base.Task.from_options`), its test sets sealed unless ``config.read_test``."""
+    task = get_task(
         config.task,
         config.task_options,
         data=config.data,
@@ -63,6 +63,15 @@ def run_task(config: TrainConfig, *, meta: dict[str, Any] | None = None, load_da
         meta=meta,
         load_data=load_data,
     )
+    seal(task, config)
+    return task
+
+
+def seal(task: Task, config: TrainConfig) -> None:
+    """Seal ``task``'s test sets for a run that may not read them (``read_test`` false: an
+    exploratory experiment's run), so the task computes no metric of them."""
+    if not config.read_test:
+        task.sealed = frozenset(task.test_sets)
 
 
 def run_model(task: Task, config: TrainConfig) -> TaskModel:
@@ -165,6 +174,7 @@ class Trainer:
         verbose: bool = True,
     ):
         self.config, self.task, self.out = config, task, Path(out)
+        seal(task, config)  # (a task built by the caller)
         self.run = RunDirectory(self.out)
         self.env = env or DistEnv()
         self.device = torch.device(device or config.device)
