@@ -1,2 +1,3 @@
-"""The ``pointcloud`` task: parametric shapes generated here (``shapes``), the networks (``models``) and
-the task with its rotation protocols (``task``)."""
+"""The ``pointcloud`` task: parametric shapes generated here (``shapes``) or clouds read from files
+(``data``), the networks (``networks``, ``peers``) in one model table (``models``), and the task with its
+rotation protocols (``task``)."""

@@ -111,7 +111,7 @@ def _cached(key: dict[str, Any], make: Callable[[], dict[str, Any]]) -> dict[str
         try:
             return torch.load(path, weights_only=True)
         except (OSError, RuntimeError, EOFError):
-            pass  # a cache file cut short (an interrupted write): made again below
+            pass  # unreadable (damaged, or written by another torch): made again below
     value = make()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{digest[16:24]}.partial")

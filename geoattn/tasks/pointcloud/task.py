@@ -57,8 +57,8 @@ class PointCloudConfig:
     differences read.
 
     Fields:
-        data: a folder of point-cloud files (ModelNet40 HDF5, ScanObjectNN, OFF meshes; default
-            --data; none: the generated shapes).
+        data: point-cloud files to read (default --data; none: the generated shapes).
+            A folder of ModelNet40 HDF5, ScanObjectNN or OFF meshes (:mod:`.data`).
         points: points per cloud (generated, or kept of each read cloud).
         sampling: how a read cloud keeps its points: random or fps (farthest-point sampling).
         val_fraction: the share of each class of read training clouds held out for validation.
@@ -155,6 +155,7 @@ class PointCloudTask(Task):
 
     @property
     def n_classes(self) -> int:
+        """How many classes the clouds have (16 generated shapes, or the read files' classes)."""
         return len(self.classes)
 
     @classmethod
