@@ -102,7 +102,7 @@ def test_a_flex_training_step_reads_no_values(aot_eager, monkeypatch):
     mode, as the CPU paths' test uses, would stop Dynamo from compiling FlexAttention.) The compiled
     graph itself cannot hold such a read (Dynamo would have broken the graph there, back into this
     Python). With ``GEOATTN_DEBUG=1`` the value checks do read, and the patch catches them."""
-    rows = tuple(p._replace(can_use=lambda call: None) if p.name == "flex" else p for p in dispatch.PATHS)
+    rows = tuple(p._replace(checks=()) if p.name == "flex" else p for p in dispatch.PATHS)
     monkeypatch.setattr(dispatch, "PATHS", rows)
     leaves, t = _leaves()
     qkv, metric, omega = leaves.pop("qkv"), leaves.pop("metric"), leaves.pop("omega")
@@ -133,7 +133,7 @@ def test_a_compiled_caller_runs_flex_as_its_own_compiled_call(monkeypatch):
     the flex row made to serve the CPU."""
     from geoattn.attention.rt import rt_attention
 
-    rows = tuple(p._replace(can_use=lambda call: None) if p.name == "flex" else p for p in dispatch.PATHS)
+    rows = tuple(p._replace(checks=()) if p.name == "flex" else p for p in dispatch.PATHS)
     monkeypatch.setattr(dispatch, "PATHS", rows[:1] + rows[2:])  # reference, flex, chunked
     monkeypatch.setattr(flex, "_CACHE", {})
     torch._dynamo.reset()
