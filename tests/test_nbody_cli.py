@@ -62,12 +62,15 @@ def test_a_run_that_failed_before_its_first_checkpoint_leaves_out_reusable(
 
 def test_the_pga_rotor_model_trains_and_evaluates(gatr_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    # the recipe's Clifford message layers are Cl(3)'s: alone, another algebra is a one-line error
-    assert train(out, gatr_dir, "--model", "rotor", "--set", 'model.algebra="pga"') == 2
-    assert "also set model.block_messages=egnn" in capsys.readouterr().err
-    pga = ("--set", 'model.algebra="pga"', "--set", "model.block_messages=egnn")
-    assert train(out, gatr_dir, "--model", "rotor", *pga) == 0
-    assert json.loads((out / "config.json").read_text())["model"]["algebra"] == "pga"
+    # the recipe's Clifford message layers are Cl(3)'s: asked for both, a one-line error
+    both = ("--set", 'model.algebra="pga"', "--set", "model.block_messages=clifford")
+    assert train(out, gatr_dir, "--model", "rotor", *both) == 2
+    err = capsys.readouterr().err.strip()
+    assert "block_messages='clifford' needs algebra='cl3'" in err and len(err.splitlines()) == 1
+    # PGA alone: the recipe's messages follow it (EGNN's, the messages PGA was measured with)
+    assert train(out, gatr_dir, "--model", "rotor", "--set", 'model.algebra="pga"') == 0
+    model = json.loads((out / "config.json").read_text())["model"]
+    assert (model["algebra"], model["block_messages"], model["pair_every_block"]) == ("pga", "egnn", True)
     summary = json.loads((out / "summary.json").read_text())
     capsys.readouterr()
     assert main(["eval", "--out", str(out)]) == 0

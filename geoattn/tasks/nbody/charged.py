@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from geoattn.errors import DataError
-from geoattn.tasks.nbody.simulator import NBodySet
+from geoattn.tasks.nbody.simulator import UNREADABLE, NBodySet, check_finite
 
 SETS = ("train", "val", "test")
 FILE_TAGS = {"train": "train", "val": "valid", "test": "test"}  # EGNN names its validation files "valid"
@@ -239,12 +239,16 @@ def load_egnn_format(directory: str | Path, particles: int = 5) -> dict[str, Cha
                 )
             try:
                 arrays[a] = np.load(path, allow_pickle=False).astype(np.float64, copy=False)
-            except (ValueError, OSError) as err:
+            except UNREADABLE as err:
                 raise DataError(
-                    f"nbody charged data: {str(path)!r} is not a NumPy array file ({err})"
+                    f"nbody charged data: {str(path)!r} is not a readable NumPy array file ({err})"
                 ) from None
         loc = arrays["loc"]
         count = loc.shape[0] if loc.ndim else 0
+        if loc.ndim and not count:
+            raise DataError(
+                f"nbody charged data: {files[name, 'loc']} holds no trajectories (shape {loc.shape})"
+            )
         expected = {
             "loc": (count, None, 3, particles),
             "vel": loc.shape,
@@ -260,6 +264,8 @@ def load_egnn_format(directory: str | Path, particles: int = 5) -> dict[str, Cha
             ):
                 want = tuple("frames" if e is None else e for e in shape)
                 raise DataError(f"nbody charged data: {files[name, a]} has shape {got}, expected {want}")
+        for a in ARRAYS:
+            check_finite(directory / files[name, a], {a: arrays[a]}, "nbody charged data")
         out[name] = ChargedTrajectories(**arrays)
     return out
 
@@ -271,7 +277,7 @@ def add_make_charged(kinds) -> None:
         help="EGNN's charged-particle n-body files (its generate_dataset.py, small set)",
         description="Simulate EGNN's charged-particle sets (seed 43: 10,000 / 2,000 / 2,000 trajectories, "
         "49 frames) and write them as EGNN's generate_dataset.py does (loc_/vel_/edges_/charges_*.npy, "
-        "suffix _charged5_initvel1small), readable by `--task nbody --set task.system=charged --data DIR` "
+        "suffix _charged5_initvel1small), readable by `--task nbody --data DIR` "
         "and by EGNN's own main_nbody.py. Existing files are never overwritten.",
     )
     p.add_argument("--out", required=True, help="directory to write the twelve .npy files into")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,9 +82,10 @@ class NBodyConfig:
     fields below are then unused, and ``particles``, ``vel_norm``, ``frame_in``, ``frame_out`` apply.
 
     Fields:
-        system: gravity (GATr's star and planets) or charged (EGNN's charged particles).
+        system: gravity (GATr's star and planets) or charged (EGNN's charged particles); unset: the
+            layout of the files in ``data`` (:mod:`.files`), else gravity.
         data: a directory with the system's files to load instead of simulating (``--data DIR``): GATr's
-            ``{set}.npz`` (gravity) or EGNN's ``loc_*.npy`` … (charged).
+            ``{set}.npz`` (gravity) or EGNN's ``loc_*.npy`` … (charged), told apart by their names.
         seed: base seed (None: the system's own, 0 gravity, 43 charged as EGNN's small set); each
             gravity set has its own (``seed + its index in SETS``), charged sets share one stream.
         train_size, val_size, eval_size, e3_size, object_size: samples; --data: a file's first N (None: all).
@@ -106,7 +108,7 @@ class NBodyConfig:
         frame_out: charged target frame (EGNN's nbody_small: 40).
     """
 
-    system: str = "gravity"
+    system: str | None = None
     data: str | None = None
     seed: int | None = None
     train_size: int | None = None
@@ -133,7 +135,7 @@ class NBodyConfig:
     frame_out: int = 40
 
     def __post_init__(self) -> None:
-        if self.system not in SYSTEMS:
+        if self.system is not None and self.system not in SYSTEMS:
             raise ConfigError(f"NBodyConfig.system must be one of {', '.join(SYSTEMS)}, got {self.system!r}")
         if not 0 <= self.frame_in < self.frame_out:
             raise ConfigError(
@@ -167,7 +169,7 @@ class NBodyConfig:
     @property
     def base_seed(self) -> int:
         """``seed``, or the system's own when unset (gravity 0, charged 43 as EGNN's small set)."""
-        return self.seed if self.seed is not None else SYSTEMS[self.system]
+        return self.seed if self.seed is not None else SYSTEMS[self.system or "gravity"]
 
 
 @dataclass
@@ -358,8 +360,26 @@ def save_gatr_format(sets: dict[str, NBodySet], directory: str | Path) -> None:
         np.savez(directory / f"{name}.npz", **arrays)
 
 
+# what NumPy raises on a truncated or corrupt .npy / .npz file
+UNREADABLE = (ValueError, OSError, EOFError, zipfile.BadZipFile)
+# the set whose samples may hold other bodies than the training set's (GATr's: 5 planets, not 3)
+OTHER_BODIES = "object_generalization"
+
+
+def check_finite(path: Path, arrays: dict[str, np.ndarray], what: str = "nbody data") -> None:
+    """DataError naming ``path``, the array and its first sample with a NaN or infinite value."""
+    for name, array in arrays.items():
+        bad = ~np.isfinite(array)
+        if bad.any():
+            sample = int(np.argwhere(bad)[0][0])
+            raise DataError(
+                f"{what}: {str(path)!r} array {name} holds NaN or infinite values (sample {sample})"
+            )
+
+
 def load_gatr_format(directory: str | Path, names: tuple[str, ...] = SETS) -> dict[str, NBodySet]:
-    """Read GATr's ``{name}.npz`` files (float64 tensors), checking every array's presence and shape.
+    """Read GATr's ``{name}.npz`` files (float64 tensors), checking every array's presence, shape and
+    values (finite), and that every set but ``object_generalization`` has the training set's bodies.
 
     ``trajectories`` are read from val when the file has them (as GATr's pipeline), else left None.
     """
@@ -372,13 +392,17 @@ def load_gatr_format(directory: str | Path, names: tuple[str, ...] = SETS) -> di
         if not path.is_file():
             needed = ", ".join(f"{n}.npz" for n in names)
             raise DataError(f"nbody data: missing file {str(path)!r} (GATr's format needs {needed})")
-        with np.load(path) as npz:
-            missing = [a for a in ARRAYS if a not in npz.files]
-            if missing:
-                raise DataError(f"nbody data: {str(path)!r} lacks array(s) {', '.join(missing)}")
-            arrays = {a: np.asarray(npz[a]) for a in ARRAYS}
-            keep = name in TRAJECTORY_SETS and "trajectories" in npz.files
-            paths = np.asarray(npz["trajectories"]) if keep else None
+        wanted = (*ARRAYS, "trajectories") if name in TRAJECTORY_SETS else ARRAYS
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                stored = {a: np.asarray(npz[a]) for a in wanted if a in npz.files}
+        except UNREADABLE as err:
+            raise DataError(f"nbody data: {str(path)!r} is not a readable .npz file ({err})") from None
+        missing = [a for a in ARRAYS if a not in stored]
+        if missing:
+            raise DataError(f"nbody data: {str(path)!r} lacks array(s) {', '.join(missing)}")
+        arrays = {a: stored[a] for a in ARRAYS}
+        paths = stored.get("trajectories")
         m = arrays["m"]
         if m.ndim != 2 or m.shape[0] == 0:
             raise DataError(
@@ -394,6 +418,13 @@ def load_gatr_format(directory: str | Path, names: tuple[str, ...] = SETS) -> di
             raise DataError(
                 f"nbody data: {str(path)!r} array trajectories has shape {paths.shape}, "
                 f"expected {(*m.shape, 'steps + 1', 3)}"
+            )
+        check_finite(path, arrays)
+        first = next((s for n, s in sets.items() if n != OTHER_BODIES), None)
+        if name != OTHER_BODIES and first is not None and first.m.shape[1] != m.shape[1]:
+            raise DataError(
+                f"nbody data: {str(path)!r} has {m.shape[1]} bodies per sample, {names[0]}.npz "
+                f"{first.m.shape[1]} (every set but {OTHER_BODIES} has the training set's bodies)"
             )
         sets[name] = NBodySet(
             *(torch.from_numpy(arrays[a]).to(torch.float64) for a in ARRAYS),

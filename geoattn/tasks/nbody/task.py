@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,19 +17,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geoattn.errors import ConfigError, DataError
-from geoattn.models.base import ModelSizes, TaskModel
-from geoattn.models.lm import TransformerConfig
-from geoattn.tasks.base import EvalRow, Task
+from geoattn.models.base import TaskModel
+from geoattn.tasks.base import EvalRow, ModelRow, Task
 from geoattn.tasks.nbody import charged
 from geoattn.tasks.nbody.bodies import centroid
-from geoattn.tasks.nbody.clifford import CliffordGNNConfig, NBodyCliffordGNN
-from geoattn.tasks.nbody.models import (
-    EGNNConfig,
-    NBodyEGNN,
-    NBodyRotor,
-    NBodyRotorConfig,
-    NBodyTransformer,
-)
+from geoattn.tasks.nbody.files import system_of
+from geoattn.tasks.nbody.models import TABLE
 from geoattn.tasks.nbody.simulator import (
     SETS,
     SIMULATED_SIZES,
@@ -44,94 +38,51 @@ from geoattn.tasks.nbody.simulator import (
 )
 from geoattn.tasks.plots import pyplot, save_figure
 
-# the sets measured at the end of training (full sets) per system, and the samples of the equivariance error
 EVAL_SETS = ("eval", "e3_generalization", "object_generalization")
-SYSTEM_EVAL_SETS = {"gravity": ("val", *EVAL_SETS), "charged": ("val", "test")}
 EQUIVARIANCE_SAMPLES = 256
 
-# the rotor model's inputs and outputs: mass as a scalar; centred position, velocity, relative velocity
-# as vectors in; the displacement as one vector out
-ROTOR_IO = {"in_channels": 3, "in_scalars": 1, "out_channels": 1, "out_scalars": 0}
+
+@dataclass(frozen=True)
+class System:
+    """What differs between the task's two systems (``task.system``).
+
+    sets: every set; measured: those measured on every sample at the end of training; test_sets: the
+    held-out ones (an exploratory run seals them); probe: whose first samples measure the equivariance
+    error (``val`` where it is sealed).
+    """
+
+    sets: tuple[str, ...]
+    measured: tuple[str, ...]
+    test_sets: tuple[str, ...]
+    probe: str
+
+
+SYSTEMS: dict[str, System] = {
+    "gravity": System(SETS, ("val", *EVAL_SETS), EVAL_SETS, "eval"),
+    "charged": System(charged.SETS, ("val", "test"), ("test",), "val"),
+}
 
 
 class NBodyTask(Task):
     """GATr's n-body problem (see the module docstring and :class:`NBodyConfig`)."""
 
     name: ClassVar[str] = "nbody"
-    models: ClassVar[dict[str, str]] = {
-        "transformer": "bidirectional Transformer over bodies (translation-equivariant by centring only)",
-        "rotor": "RotorTransformer, E(3)-equivariant (Cl(3) with centring, or PGA)",
-        "egnn": "EGNN (egnn_vel, the EGNN paper's equations), E(3)-equivariant graph network over bodies",
-        "clifford": "Clifford message passing (CGENN's kind): multivector messages between bodies, E(3)",
-    }
+    table: ClassVar[dict[str, ModelRow]] = TABLE
     Settings: ClassVar[type] = NBodyConfig
-    # The rotor model with the Clifford model's message layer before every block (at that model's width:
-    # 16 channels, 16 scalars; its velocity read-out), CGENN's schedule (warmup 1/64, held to 3/4, a
-    # cosine to 1e-7) for GATr's 2,000 steps, weight decay 0.5, at the rate nbody-gatr-rotor-clifford-lr
-    # chose on GATr's files: validation 4.68e-4 ± 0.24e-4 against 5.29e-4 ± 0.35e-4 for the recipe before
-    # it (4 × 256, 128 scalars, GATr's exponential decay from 2e-3), n = 6, Welch p = 0.0065, lower on
-    # every seed (results/nbody-gatr-six-seeds.md). Experiments from before pin that recipe in their
-    # rotor cells (lr 2e-3, n_embd 256, scalars 128, the options below "default", exponential, no warmup
-    # or hold, min_lr "none", no weight decay). The transformer at GATr's own rate for its baseline.
-    recipes: ClassVar[dict[str, dict[str, Any]]] = {
-        "rotor": {
-            "lr": 4e-3,
-            "n_layer": 4,
-            "n_head": 4,
-            "n_embd": 128,
-            "model_options": {
-                "scalars": 16,
-                "pair_every_block": True,
-                "block_messages": "clifford",
-                "velocity_output": True,
-            },
-            "lr_schedule": "cosine",
-            "min_lr": 1e-7,
-            "max_iters": 2000,
-            "warmup_iters": 31,
-            "hold_iters": 1469,
-            "weight_decay": 0.5,
-        },
-        "transformer": {"lr": 3e-4, "lr_schedule": "exponential", "warmup_iters": 0, "weight_decay": 0.0},
-        # EGNN's main_nbody.py: Adam at a constant 5e-4 (betas 0.9 / 0.999), 4 layers of 64, batch 100,
-        # weight decay 1e-12 (none, in effect), no gradient clipping
-        "egnn": {
-            "lr": 5e-4,
-            "min_lr": 5e-4,
-            "warmup_iters": 0,
-            "n_layer": 4,
-            "n_embd": 64,
-            "batch_size": 100,
-            "beta2": 0.999,
-            "weight_decay": 0.0,
-            "grad_clip": 0.0,
-        },
-        # EGNN's batch and width class (about 110 k parameters against EGNN's 134 k), the weight decay
-        # nbody-clifford-wd chose (of 0, 0.1, 0.5, 2: it slows, not stops, memorising the 3,000
-        # systems), CGENN's schedule (warmup 1/64, held to 3/4, a cosine to 1e-7; nbody-clifford-cgenn-
-        # recipe) at the rate nbody-clifford-hold-lr chose, for nbody-cgenn-schedule's 4,260 steps (a
-        # run of another length scales the warmup and hold; 17,040 steps at this rate memorise more
-        # and read worse: nbody-cgenn-schedule-17k). Experiments before it pin the old recipe's lr
-        # 2e-3, no warmup, no hold and min_lr "none" (lr/10) in their cells. The rate is the charged
-        # files' choice: on GATr's files validation chose 4e-3 of the same three (nbody-gatr-hold-lr,
-        # one seed; 8e-3 read 5 % higher there), which nbody-gatr-hold passes as --lr.
-        "clifford": {
-            "lr": 8e-3,
-            "min_lr": 1e-7,
-            "n_layer": 4,
-            "n_embd": 128,
-            "batch_size": 100,
-            "max_iters": 4260,
-            "warmup_iters": 66,
-            "hold_iters": 3129,
-            "weight_decay": 0.5,
-        },
-    }
     description: ClassVar[str] = "GATr's n-body problem: final positions of a star and its planets"
+    # the held-out sets of either system (an instance has its own system's: ``self.test_sets``)
+    test_sets: ClassVar[tuple[str, ...]] = tuple(
+        dict.fromkeys(s for row in SYSTEMS.values() for s in row.test_sets)
+    )
     splits: ClassVar[tuple[str, ...]] = SETS
 
     def __init__(self, config: NBodyConfig | None = None):
-        self.config = config or NBodyConfig()
+        config = config or NBodyConfig()
+        # the system the folder's files are (or the user's, checked against them), else gravity
+        system = system_of(config.data, config.system, config.particles) if config.data else config.system
+        self.config = dataclasses.replace(config, system=system or "gravity")
+        self.system = SYSTEMS[self.config.system]
+        self.test_sets = self.system.test_sets
         self._sets: dict[str, NBodySet] = {}
         self._meta: dict[str, Any] | None = None
         if self.config.system == "charged":
@@ -164,20 +115,29 @@ class NBodyTask(Task):
         """The simulator described by ``settings``, or GATr's files in ``--data DIR``."""
         return cls(settings)
 
-    @classmethod
-    def model_settings(cls, model: str) -> tuple[type, tuple[str, ...]]:
-        if model == "rotor":
-            return NBodyRotorConfig, tuple(ROTOR_IO)
-        if model == "egnn":
-            return EGNNConfig, ()
-        if model == "clifford":
-            return CliffordGNNConfig, ()
-        return TransformerConfig, ("vocab_size", "block_size", "causal", "pos")
-
     @property
     def sets(self) -> tuple[str, ...]:
         """The system's sets: GATr's five (gravity) or EGNN's train / val / test (charged)."""
-        return charged.SETS if self.config.system == "charged" else SETS
+        return self.system.sets
+
+    @property
+    def measured(self) -> tuple[str, ...]:
+        """The sets measured on every sample at the end of training, less those sealed in this run."""
+        return tuple(name for name in self.system.measured if self.readable(name))
+
+    @property
+    def probe(self) -> str:
+        """The set whose first samples measure the equivariance error (val where the system's is sealed)."""
+        return self.system.probe if self.readable(self.system.probe) else "val"
+
+    @property
+    def bodies(self) -> int:
+        """The most bodies of a sample in any of the task's sets (the transformer's block): those of
+        the files read, else the system's (gravity: the object-generalisation set's planets + the star)."""
+        if self.config.data:
+            return max(data.m.shape[1] for data in self._sets.values())
+        c = self.config
+        return c.particles if c.system == "charged" else max(c.n_planets, c.object_planets) + 1
 
     @property
     def horizon(self) -> float:
@@ -192,6 +152,13 @@ class NBodyTask(Task):
         most EGNN's 3,000 for train, as its loader's ``max_samples``); more than there are is a DataError."""
         c = self.config
         for name, data in trajectories.items():
+            frames = data.loc.shape[1]
+            if c.data and c.frame_out >= frames:
+                file = charged.egnn_file_names((name,), c.particles)[name, "loc"]
+                raise DataError(
+                    f"nbody charged data: {str(Path(c.data) / file)!r} has {frames} frames, "
+                    f"task.frame_out={c.frame_out} needs {c.frame_out + 1}"
+                )
             size = c.set_size(name)
             if size is not None and size > len(data):
                 where = f"in {c.data}" if c.data else "simulated"
@@ -204,6 +171,8 @@ class NBodyTask(Task):
         """The set ``name`` (simulated from its seed on first use, or loaded from ``config.data``)."""
         if name not in self.sets:
             raise ValueError(f"unknown split {name!r}; the nbody task has {', '.join(self.sets)}")
+        if not self.readable(name):
+            raise ValueError(f"the {name} set is sealed in this run (an exploratory experiment's test set)")
         if name not in self._sets and self.config.system == "charged":
             c = self.config
             keep = {
@@ -247,22 +216,6 @@ class NBodyTask(Task):
         batch = data.subset(torch.randint(len(data), (batch_size,), generator=generator))
         return batch.inputs().float().to(device), batch.x_final.float().to(device)
 
-    def _build(self, model: str, sizes: ModelSizes, options: dict[str, Any]) -> TaskModel:
-        """``transformer`` (bidirectional, no positions), ``rotor`` (RotorTransformer), ``egnn`` or
-        ``clifford`` (Clifford message passing), at the run's sizes."""
-        if model == "rotor":
-            return NBodyRotor(NBodyRotorConfig.from_sizes(sizes, options, **ROTOR_IO))
-        if model == "egnn":
-            return NBodyEGNN(EGNNConfig.from_sizes(sizes, options))
-        if model == "clifford":
-            return NBodyCliffordGNN(CliffordGNNConfig.from_sizes(sizes, options))
-        c = self.config
-        block_size = c.particles if c.system == "charged" else max(c.n_planets, c.object_planets) + 1
-        config = TransformerConfig.from_sizes(
-            sizes, options, vocab_size=1, block_size=block_size, causal=False, pos="none"
-        )
-        return NBodyTransformer(config)
-
     def metrics(self, prediction: Tensor, y: Tensor) -> dict[str, float]:
         """``mse`` of the final positions."""
         return {"mse": float(F.mse_loss(prediction, y))}
@@ -286,7 +239,7 @@ class NBodyTask(Task):
                 source = {"simulated": dataclasses.asdict(self.config)}
             sets = {
                 name: {"samples": len(d), "bodies": d.m.shape[1], "sha256": d.content_hash()}
-                for name, d in ((name, self.dataset(name)) for name in self.sets)
+                for name, d in ((name, self.dataset(name)) for name in self.sets if self.readable(name))
             }
             self._meta = {"task": self.name, "source": source, "sets": sets}
         return self._meta
@@ -304,7 +257,10 @@ class NBodyTask(Task):
 
     def baselines(self, split: str = "eval") -> dict[str, float]:
         """MSE of two predictions without learning on the whole set ``split``: ``static`` (nothing
-        moves) and ``free_motion`` (``x + time · v``, no gravity; ``time`` = ``task.time``)."""
+        moves) and ``free_motion`` (``x + time · v``, no gravity; ``time`` = ``task.time``); none of a
+        sealed set."""
+        if not self.readable(split):
+            return {}
         data = self.dataset(split)
         free = data.x_initial + self.config.time * data.v_initial
         return {
@@ -327,20 +283,18 @@ class NBodyTask(Task):
         # one error per sample, once per set: the sets' MSEs and how each is made up (typical sample
         # against the worst 1 %), and the training set's own apart from the trainer's last-batch loss
         # (a batch rarely holds the rare samples that make an MSE, so the two are not comparable)
-        errors = {
-            n: sample_errors(model, self.dataset(n)) for n in ("train", *SYSTEM_EVAL_SETS[self.config.system])
-        }
+        errors = {n: sample_errors(model, self.dataset(n)) for n in ("train", *self.measured)}
         results = self.evaluate_sets(model, errors=errors)
-        for name in SYSTEM_EVAL_SETS[self.config.system]:
+        for name in self.measured:
             where = f"all {len(self.dataset(name)):,} {name} samples"
             rows.append(EvalRow(_full_key(name), results[_full_key(name)], where))
             rows += [EvalRow(f"{name}_{k}", v, where) for k, v in self.baselines(name).items()]
         rows += self._profile_rows(errors)
-        if self.config.system == "gravity":
+        if "e3_generalization_unshifted_mse" in results:
             where = f"the {len(self.dataset('e3_generalization')):,} e3_generalization samples, shift removed"
             name = "e3_generalization_unshifted_mse"
             rows.append(EvalRow(name, results[name], where))
-        probe = "val" if self.config.system == "charged" else "eval"
+        probe = self.probe
         count = min(EQUIVARIANCE_SAMPLES, len(self.dataset(probe)))
         where = f"first {count} {probe} samples, one random O(3) motion + translation each"
         rows.append(EvalRow("equivariance_error", results["equivariance_error"], where))
@@ -368,11 +322,13 @@ class NBodyTask(Task):
         (:meth:`_profile_rows`). ``train`` may hold the first S training samples only (a peer that
         trained on them, as GATr's ``data.subsample`` keeps a file's first samples); every other set
         must be whole. ValueError naming the set and the shapes otherwise."""
-        known = ("train", *SYSTEM_EVAL_SETS[self.config.system])
+        known = ("train", *self.system.measured)
         errors = {}
         for name, prediction in predictions.items():
             if name not in known:
                 raise ValueError(f"predictions for set {name!r}: this task's sets are {', '.join(known)}")
+            if not self.readable(name):
+                continue
             target = self.dataset(name).x_final
             if name == "train" and prediction.dim() == 3 and 0 < prediction.shape[0] <= target.shape[0]:
                 target = target[: prediction.shape[0]]
@@ -383,7 +339,7 @@ class NBodyTask(Task):
                 )
             errors[name] = squared_errors(prediction.double(), target.double())
         rows = []
-        for name in SYSTEM_EVAL_SETS[self.config.system]:
+        for name in self.measured:
             if name in errors:
                 where = f"all {len(errors[name]):,} {name} samples, the peer's predictions"
                 rows.append(EvalRow(_full_key(name), float(errors[name].mean()), where))
@@ -407,9 +363,11 @@ class NBodyTask(Task):
         :func:`equivariance_error` on the first ``batch_size`` samples of the eval (charged: val) set,
         each with a random rotation or reflection and a translation (std ``shift_std``) from ``seed``.
         ``errors``: the sets' :func:`sample_errors` where the caller has them already (their means).
+        A set sealed in this run (:meth:`readable`) is not read: no metric of it, and the equivariance
+        error on val samples where the eval set is sealed.
         """
         parameter = next(model.parameters())
-        sets = SYSTEM_EVAL_SETS[self.config.system]
+        sets = self.measured
         errors = errors or {}
         # val_mse_full: the whole set, apart from the trainer's batch estimate val_mse
         results = {
@@ -418,14 +376,14 @@ class NBodyTask(Task):
             else _set_mse(model, self.dataset(name), batch_size)
             for name in sets
         }
-        probe = "val" if self.config.system == "charged" else "eval"
+        probe = self.probe
         sample = self.dataset(probe).subset(torch.arange(min(batch_size, len(self.dataset(probe)))))
         x = sample.inputs().to(parameter.device, parameter.dtype)
         generator = torch.Generator().manual_seed(seed)
         results["equivariance_error"] = equivariance_error(
             model, x, generator, shift_std=self.config.shift_std
         )
-        if self.config.system == "charged":
+        if "e3_generalization" not in sets:
             return results
         # the E(3) set's samples without its fixed shift: an exactly E(3)-equivariant model reads the
         # same MSE, so the ratio to the eval set measures how hard these samples are in themselves
