@@ -213,8 +213,8 @@ def test_the_eager_step_measurement_leaves_the_run_as_it_was():
 @pytest.mark.slow  # inductor's compile of one block: ~20 s of CPU
 def test_compiled_blocks_give_the_eager_loss_and_gradients():
     """The trainer's ``--compile`` (inductor, regional): one rt step's loss to 1e-5 and every
-    parameter's gradient to 1e-4 (float32: fused kernels sum in another order), and one traced graph
-    that both layers reuse."""
+    parameter's gradient to 1e-4 (float32: fused kernels sum in another order), one traced graph
+    that both layers reuse, and the model called outside the step (evaluation) eager."""
     config = LMConfig(block_size=8, n_layer=2, n_head=2, n_embd=16)
     x, y = (torch.randint(0, 65, (2, 8), generator=torch.Generator().manual_seed(i)) for i in range(2))
     results = []
@@ -231,4 +231,7 @@ def test_compiled_blocks_give_the_eager_loss_and_gradients():
     torch.testing.assert_close(loss_c, loss, rtol=1e-5, atol=1e-5)
     for g, g_c in zip(grads, grads_c):
         torch.testing.assert_close(g_c, g, rtol=1e-4, atol=1e-4)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    with torch.no_grad():  # the model called directly (evaluation) runs eagerly: nothing recompiles
+        model.eval()(torch.randint(0, 65, (3, 5)))
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])

@@ -2,7 +2,7 @@
 trainer's default for it (:func:`compile_choice`).
 
 Regional compilation: each block of a model's stack (the children of an ``nn.ModuleList`` that are
-all one class) is compiled in place, the rest runs eagerly. The blocks share their ``forward``'s code
+all one class) is compiled, the rest runs eagerly. The blocks share their ``forward``'s code
 and Dynamo treats their parameters as inputs, so it traces one block and every layer reuses that
 graph: the compile costs one block, not ``n_layer`` of them inlined into one graph.
 """
@@ -29,9 +29,11 @@ COMPILE_SAVING = 0.15
 MEASURED_STEPS = 2  # eager steps timed at a run's start (after one untimed) for the rule
 
 
-def compile_regions(module: nn.Module) -> list[nn.Module]:
-    """Compile, in place, every block of ``module``'s stacks: the children of each outermost
-    ``nn.ModuleList`` whose children are all one class. Returns the compiled blocks (empty: none)."""
+def compile_regions(module: nn.Module, active: Callable[[], bool]) -> list[nn.Module]:
+    """Compile every block of ``module``'s stacks: the children of each outermost ``nn.ModuleList``
+    whose children are all one class. A block runs its compiled forward while ``active()`` (the
+    training step) and its eager one otherwise, so evaluation (eval mode, other batch shapes) does not
+    recompile. Returns the compiled blocks (empty: none)."""
     blocks: list[nn.Module] = []
     taken: list[str] = []
     for name, child in module.named_modules():
@@ -39,16 +41,23 @@ def compile_regions(module: nn.Module) -> list[nn.Module]:
         if inside or not isinstance(child, nn.ModuleList) or len({type(b) for b in child}) != 1:
             continue
         for index, block in enumerate(child):
-            block.compile()
+            block.forward = _switched(active, torch.compile(block.forward), block.forward)
             blocks.append(block)
             taken.append(f"{name}.{index}" if name else str(index))
     return blocks
 
 
+def _switched(active: Callable[[], bool], compiled: Callable, eager: Callable) -> Callable:
+    def forward(*args, **kwargs):
+        return (compiled if active() else eager)(*args, **kwargs)
+
+    return forward
+
+
 class CompiledModel:
-    """``module`` with its blocks compiled (:func:`compile_regions`; a module without a stack is
-    compiled whole), called with the custom autograd Functions of the kernels admitted to torch's
-    autograd cache.
+    """``module`` with its blocks compiled for its calls through this wrapper (:func:`compile_regions`;
+    a module without a stack is compiled whole), called with the custom autograd Functions of the
+    kernels admitted to torch's autograd cache.
 
     The hypersphere models' graphs hold ``torch.autograd.Function`` s
     (`geoattn.layers.sphere._SphereRetraction`). By default (torch 2.13) the autograd
@@ -57,16 +66,22 @@ class CompiledModel:
     Function's forward and backward into subgraphs of the graph the cache key hashes, so a changed Function
     still misses the cache.
 
-    Calls: ``model(*args, **kwargs)`` as the module's own ``forward``.
+    Calls: ``model(*args, **kwargs)`` as the module's own ``forward``; the module called directly
+    (evaluation) runs eagerly.
     """
 
     def __init__(self, module: nn.Module) -> None:
-        self.blocks = compile_regions(module)
+        self.stepping = False
+        self.blocks = compile_regions(module, lambda: self.stepping)
         self.compiled = module if self.blocks else torch.compile(module)
 
     def __call__(self, *args, **kwargs):
-        with torch._functorch.config.patch(autograd_cache_allow_custom_autograd_functions=True):
-            return self.compiled(*args, **kwargs)
+        self.stepping = True
+        try:
+            with torch._functorch.config.patch(autograd_cache_allow_custom_autograd_functions=True):
+                return self.compiled(*args, **kwargs)
+        finally:
+            self.stepping = False
 
 
 def weight_normalizer(model: nn.Module, compiled: bool) -> Callable[[], None]:
