@@ -178,12 +178,14 @@ def _train(args: argparse.Namespace, env) -> int:
     from geoattn.training.trainer import Trainer, run_task
 
     run = RunDirectory(args.out)
-    run.prepare(resume=args.resume, force=args.force, clear=env.is_main)
+    run.prepare(resume=args.resume, force=args.force, clear=False)  # a refused --out, before the data
     config = train_config_from_args(args)
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available")
+    # the task and its data before anything in --out changes: bad data leaves --out as it was
     task = run_task(config, meta=run.read_config()["task"] if args.resume else None)
     task.check_model(config.model)
+    run.prepare(resume=args.resume, force=args.force, clear=env.is_main)
     device = distributed.init(env, config.device)
     trainer = Trainer(config, task, run.path, env=env, device=device)
     if args.resume:

@@ -235,6 +235,31 @@ def test_out_is_never_overwritten_without_resume_or_force(trained, tmp_path, cap
     assert (out / "notes.txt").read_text() == "mine"  # --force replaces run files only
 
 
+def test_bad_data_leaves_an_existing_out_untouched_even_with_force(trained, tmp_path, capsys):
+    """The task and its data load before --out is cleared: a missing data file ends in one line and
+    the run that was there is still there, file for file."""
+    out = copy_run(trained, tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    argv = ["train", *TINY, "--data", str(tmp_path / "missing.txt"), "--out", str(out), "--force"]
+    assert_usage_error(capsys, argv, "train", "missing.txt", "does not exist")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_piped_run_writes_a_progress_line_every_log_interval(tmp_path):
+    """Where stderr is no terminal (a scheduler's log, nohup, a pipe) `geoattn train` writes a plain
+    line every --log-interval steps: step, loss, steps/s, ETA."""
+    out = tmp_path / "run"
+    argv = [*tiny_lm_args(6, 6), "--log-interval", "2", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "geoattn", "train", *argv], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("iter ") and "steps/s" in line]
+    assert [line.split(":")[0] for line in lines] == ["iter 2/6", "iter 4/6", "iter 6/6"], done.stderr
+    assert all(", ETA " in line and "loss " in line for line in lines)
+    assert float(lines[-1].split("loss ")[1].split(",")[0]) > 0
+
+
 def test_resume_without_a_checkpoint(tmp_path, capsys):
     assert_usage_error(
         capsys, ["train", "--out", str(tmp_path / "empty"), "--resume"], "train", "--resume: no checkpoint in"

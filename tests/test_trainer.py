@@ -393,3 +393,48 @@ def test_without_keep_best_the_final_model_is_reported(task, tmp_path):
     out = tmp_path / "run"
     result = Trainer(tiny(out, max_iters=10, eval_interval=5), task, out, verbose=False).train()
     assert "best_iter" not in result["final"] and not (out / "best.safetensors").exists()
+
+
+def test_a_training_step_reads_nothing_on_the_host_until_a_line_is_due(task, tmp_path, monkeypatch):
+    """The loss stays on the device between log lines: no tensor is read on the host (``float``,
+    ``item``, ``tolist``) in the steps between them; at a due step the loss is read once."""
+    from geoattn.training import trainer as trainer_module
+
+    trainer = Trainer(
+        tiny(tmp_path, max_iters=8, log_interval=4, eval_interval=8), task, tmp_path, verbose=False
+    )
+    reads: list[int] = []
+    counting = [True]
+    for name in ("__float__", "item", "tolist", "__bool__"):
+        real = getattr(torch.Tensor, name)
+
+        def spy(self, *args, _real=real, **kwargs):
+            if counting[0]:
+                reads.append(trainer.iter)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    real_evaluate, real_final = trainer.evaluate, trainer._final_metrics
+
+    def uncounted(fn):
+        def wrapped(*args, **kwargs):
+            counting[0] = False
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                counting[0] = True
+
+        return wrapped
+
+    monkeypatch.setattr(trainer, "evaluate", uncounted(real_evaluate))
+    monkeypatch.setattr(trainer, "_final_metrics", uncounted(real_final))
+    synced = []
+    real_host_value = trainer_module.host_value
+    monkeypatch.setattr(
+        trainer_module, "host_value", lambda x: synced.append(trainer.iter) or real_host_value(x)
+    )
+    trainer.train()
+    assert synced == [4, 8]  # the loss read at the due steps only
+    assert set(reads) <= {4, 8}, reads  # and nothing else read on the host in steps 1-3, 5-7
+    assert [r["iter"] for r in records(tmp_path)] == [4, 8]
+    assert all(isinstance(r["train_loss"], float) for r in records(tmp_path))

@@ -138,8 +138,8 @@ def _train_and_evaluate(train, run: RunDirectory, evaluate: bool, evaluation: st
     stop_requested = False
     if status in ("new", "resume"):
         resume = status == "resume"
+        task = run_task(train, meta=run.read_config()["task"] if resume else None)  # data first
         run.prepare(resume=resume)
-        task = run_task(train, meta=run.read_config()["task"] if resume else None)
         trainer = Trainer(train, task, run.path, verbose=False)
         if resume:
             trainer.resume()

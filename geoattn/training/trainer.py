@@ -74,6 +74,12 @@ def seal(task: Task, config: TrainConfig) -> None:
         task.sealed = frozenset(task.test_sets)
 
 
+def host_value(x: torch.Tensor) -> float:
+    """A scalar tensor read on the host: the training loop's one sync point (a GPU waits here for
+    every queued step), taken only when a log line or an evaluation is due."""
+    return float(x)
+
+
 def run_model(task: Task, config: TrainConfig) -> TaskModel:
     """The network of the run ``config``: ``--model`` at the run's sizes with its ``model.*`` options."""
     return task.build_model(config.model, config.sizes, config.model_options)
@@ -353,14 +359,18 @@ class Trainer:
         handler_installed = threading.current_thread() is threading.main_thread()
         signals = (signal.SIGINT, signal.SIGTERM)
         previous = [signal.signal(s, self._request_stop) for s in signals] if handler_installed else []
+        on_terminal = sys.stderr.isatty()
         bar = tqdm(
             total=config.max_iters,
             initial=self.iter,
             file=sys.stderr,
-            disable=not (self.verbose and sys.stderr.isatty()),
+            disable=not (self.verbose and on_terminal),
             dynamic_ncols=True,
         )
+        # a log (a scheduler's, nohup's, a pipe) gets a plain line every log_interval steps instead
+        plain_lines = self.verbose and not on_terminal
         self._segment_start = time.perf_counter()
+        self._last_line = (self.iter, self._segment_start)
         interrupted = False
         deterministic = _DeterministicAlgorithms(config.deterministic)
         try:
@@ -378,12 +388,16 @@ class Trainer:
                     interrupted = True
                     break
                 evaluated = self.iter % config.eval_interval == 0 or self.iter == config.max_iters
+                # the loss stays on the device (no host sync) unless a line or an evaluation is due
+                due = self.iter % config.log_interval == 0 or evaluated
+                if due:
+                    record["train_loss"] = host_value(all_reduce_mean(record["train_loss"], self.env))
                 if evaluated:
                     record.update(self.evaluate())
                     if config.keep_best:
                         self._keep_if_best(record)
                 # the line goes out before the checkpoint: a resume drops lines past its checkpoint
-                if loggers is not None and (self.iter % config.log_interval == 0 or evaluated):
+                if loggers is not None and due:
                     loggers.log(record)
                 if evaluated:
                     self.save()
@@ -391,9 +405,18 @@ class Trainer:
                         loggers.evaluation(self.iter, self.model, self._plot_input())
                     if self.verbose:
                         bar.write(self._eval_line(record), file=sys.stderr)
+                if plain_lines and due:
+                    print(self._progress_line(record["train_loss"]), file=sys.stderr, flush=True)
                 bar.update(1)
-                bar.set_postfix(loss=f"{record['train_loss']:.4f}", refresh=False)
-                if self.iter < config.max_iters and any_rank(self.stop_requested, self.env, self.device):
+                if due:
+                    bar.set_postfix(loss=f"{record['train_loss']:.4f}", refresh=False)
+                # under DDP the ranks agree on a stop at the steps that sync anyway
+                check_stop = due or not self.env.enabled
+                if (
+                    self.iter < config.max_iters
+                    and check_stop
+                    and any_rank(self.stop_requested, self.env, self.device)
+                ):
                     interrupted = True
                     break
         finally:
@@ -472,12 +495,11 @@ class Trainer:
         self.normalize_weights()
         self.iter += 1
         self._updating = False
-        train_loss = float(all_reduce_mean(loss.detach().float(), self.env))
-        elapsed = time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0  # (on a GPU: the time to queue the step, until a sync)
         rate_key = "tokens_per_s" if not y.is_floating_point() else "samples_per_s"
         return {
             "iter": self.iter,
-            "train_loss": train_loss,
+            "train_loss": loss.detach().float(),  # on the device: read when a line is due
             "val_loss": None,
             "lr": lr,
             rate_key: n_targets / elapsed,
@@ -486,6 +508,17 @@ class Trainer:
 
     def _eval_line(self, record: dict[str, Any]) -> str:
         return summary_line(record, self.config.max_iters)
+
+    def _progress_line(self, loss: float) -> str:
+        """``iter 250/2000: loss 1.8421, 12.3 steps/s, ETA 2m22s``: the plain line a log gets every
+        ``log_interval`` steps where stderr is no terminal (steps/s since the previous line)."""
+        now = time.perf_counter()
+        last_iter, last_time = self._last_line
+        rate = (self.iter - last_iter) / max(now - last_time, 1e-9)
+        self._last_line = (self.iter, now)
+        left = (self.config.max_iters - self.iter) / rate if rate > 0 else math.inf
+        eta = "?" if math.isinf(left) else f"{int(left // 60)}m{int(left % 60):02d}s"
+        return f"iter {self.iter}/{self.config.max_iters}: loss {loss:.4f}, {rate:.2f} steps/s, ETA {eta}"
 
 
 def make_optimizer(model: TaskModel, config: TrainConfig) -> torch.optim.Adam:
