@@ -43,7 +43,7 @@ The models (:data:`MODELS`):
   channels (``--width``), a vector field of 3 layers 32 wide with a final tanh, ``z0`` from the first
   observation, RK4 at one step per grid point, Adam at lr 1e-3, batch 32, scored every 10 epochs, the
   model of the best validation accuracy kept, ReduceLROnPlateau (patience 1) on it, and training
-  stopped when the training loss and accuracy have not improved for 50 epochs.
+  stopped when the training loss or the training accuracy has not improved for 50 epochs.
 
 ``metrics.json``: ``val_acc_full``, ``val_loss_full`` (every validation series), ``test_acc`` (only
 when the test split is readable), ``params``, ``epochs`` (trained), ``best_epoch``, ``lr``,
@@ -145,7 +145,7 @@ def on_grid(x: np.ndarray, lengths: np.ndarray, grid: str, steps: int) -> tuple[
     for i, k in enumerate(lengths):
         times, values = x[i, :k, 0], x[i, :k, 2:]
         rows = _ROWS[grid](times)
-        if rows.max() >= steps or (rows != np.sort(rows)).any():
+        if rows[-1] >= steps or (np.diff(rows) <= 0).any() or (grid == "unit" and (rows != times).any()):
             raise ValueError(f"series {i}: times {times.tolist()} do not fit a {grid} grid of {steps} rows")
         X[i, rows], last[i] = values, rows[-1]
         t[i, : rows[-1] + 1] = np.arange(rows[-1] + 1) if grid == "unit" else times
@@ -364,8 +364,8 @@ def train_ncde(data: Splits, args: argparse.Namespace) -> Trained:
 
 @dataclass(frozen=True)
 class Peer:
-    """A peer: what it is, how it trains on :class:`Splits`, and its ``--width`` by default (what the
-    width sizes is the description's parenthesis)."""
+    """A peer: what it is, how it trains on :class:`Splits`, and its ``--width`` default (the
+    description's parenthesis says what the width sizes)."""
 
     description: str
     train: Callable[[Splits, argparse.Namespace], Trained]
@@ -411,10 +411,11 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "splits.npz"
-        command = [args.python, __file__, "export", "--task-options", args.task_options, "--out", str(path)]
+        script = str(Path(__file__).resolve())
+        command = [args.python, script, "export", "--task-options", args.task_options, "--out", str(path)]
         command += ["--data", args.data] if args.data else []
         command += ["--read-test"] if args.read_test else []
-        subprocess.run(command, check=True, cwd=REPO)
+        subprocess.run(command, check=True)  # in our working directory: --data means what it says here
         data = load_splits(path)
     export_s = time.perf_counter() - start
     seed_everything(args.seed)

@@ -94,7 +94,9 @@ def test_a_table_s_rows_keep_their_order_and_times():
     np.testing.assert_array_equal(X[1, :2, 0], [5.0, 6.0])
     assert np.isnan(X[0, 1, 0]) and np.isnan(X[1, 2:]).all() and np.isnan(t[1, 2:]).all()
     with pytest.raises(ValueError, match="do not fit a unit grid of 2 rows"):
-        peers.on_grid(x, np.array([3, 2]), "unit", 2)
+        peers.on_grid(x[1:], np.array([2]), "unit", 2)  # time 7 is past the grid
+    with pytest.raises(ValueError, match="do not fit a unit grid of 4 rows"):
+        peers.on_grid(x, np.array([3, 2]), "unit", 4)  # time 0.5 is no sample index
 
 
 def test_the_ncde_path_is_constant_after_the_last_observation():
