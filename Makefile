@@ -19,7 +19,7 @@ install: $(VENV)/.torch
 	$(BIN)/pip install --quiet -e .
 
 install-dev: $(VENV)/.torch
-	$(BIN)/pip install --quiet $(TORCH) -e '.[dev,molecules,hf,docs,tensorboard,series]'
+	$(BIN)/pip install --quiet $(TORCH) -e '.[dev,molecules,hf,docs,tensorboard,series,pointclouds]'
 
 # The documentation site (MkDocs, strict: a broken link or reference, or a public name without a
 # docstring, fails it) into site/. The variables silence the MkDocs 2 notice some plugins print.

@@ -18,7 +18,7 @@ EXTRAS = {  # extra -> what it brings
     "docs": "MkDocs, mkdocstrings (make docs)",
     "tensorboard": "TensorBoard event files (--logger tensorboard)",
     "molecules": "tblite, ASE, RDKit, MACE, SchNetPack (geoattn data make molecule, geoattn bench molecule)",
-    "series": "sktime's bundled time-series sets and torchcde (the series task and its ncde model)",
+    "series": "sktime (bundled sets, the .ts reader), torchcde (the ncde model), pyarrow (Parquet tables)",
     "pointclouds": "h5py (the pointcloud task's ModelNet40 and ScanObjectNN HDF5 files)",
 }
 
