@@ -368,3 +368,45 @@ def test_a_probe_is_found_by_name_and_reported_under_results_probes(workdir):
     assert main(["experiment", "probe"]) == 0
     assert (workdir / "results" / "probes" / "probe.md").exists()
     assert not (workdir / "results" / "probe.md").exists()
+
+
+PEER = """
+[[cells]]
+name = "peer"
+max_iters = 1
+command = ["{{python}}", "-c", {script}, "{{out}}"]
+"""
+# a peer's runner: validation always, the test set only where GEOATTN_READ_TEST says it may
+HONEST = (  # no braces: the runner fills {placeholders} in a command
+    "import json, os, sys; m = dict(val_mse_full=1.0); "
+    "m.update(test_mse=2.0) if os.environ['GEOATTN_READ_TEST'] == '1' else None; "
+    "open(os.path.join(sys.argv[1], 'metrics.json'), 'w').write(json.dumps(m))"
+)
+PEEKING = (
+    "import json, os, sys; "
+    "open(os.path.join(sys.argv[1], 'metrics.json'), 'w').write(json.dumps(dict(test_mse=2.0)))"
+)
+
+
+@pytest.mark.parametrize("script, refused", [(HONEST, False), (PEEKING, True)])
+def test_a_peer_reads_the_test_set_only_where_the_experiment_may(workdir, capsys, script, refused):
+    extra = PEER.format(script=json.dumps(script))
+    write(
+        workdir,
+        "with-peer",
+        confirm=False,
+        seeds=(1,),
+        metrics=("val_mse_full",),
+        metric="val_mse_full",
+        extra="",
+    )
+    path = workdir / "experiments" / "with-peer.toml"
+    path.write_text(path.read_text() + extra)
+    code = main(["experiment", "with-peer"])
+    if refused:
+        said = capsys.readouterr()
+        assert code == 2 and "wrote test metrics (test_mse) in an exploratory run" in said.out + said.err
+        return
+    assert code == 0
+    summaries = [json.loads(p.read_text())["final"] for p in (workdir / "runs").rglob("summary.json")]
+    assert any("val_mse_full" in s for s in summaries) and not any("test_mse" in s for s in summaries)

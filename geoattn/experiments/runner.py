@@ -221,7 +221,14 @@ def _train_peer(config: dict[str, Any], threads: int | None, run: RunDirectory) 
         stale.unlink(missing_ok=True)
     count = str(threads or os.cpu_count() or 1)
     command = [a.replace("{threads}", count) for a in config["command"]]
-    env = {**os.environ, "OMP_NUM_THREADS": count, "MKL_NUM_THREADS": count}
+    # a peer's runner reads the test sets only where the experiment may (GEOATTN_READ_TEST=1)
+    read_test = config.get("read_test", True)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": count,
+        "MKL_NUM_THREADS": count,
+        "GEOATTN_READ_TEST": str(int(read_test)),
+    }
     with open(run.path / "peer.log", "w") as log:
         log.write(" ".join(command) + "\n")
         log.flush()
@@ -233,6 +240,14 @@ def _train_peer(config: dict[str, Any], threads: int | None, run: RunDirectory) 
     except (OSError, ValueError) as err:
         raise UserError(f"peer command wrote no readable {run.path / 'metrics.json'} ({err})") from None
     final = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if not read_test:
+        from geoattn.tasks import task_class
+
+        sealed = tuple(f"{name}_" for name in task_class(config.get("task", "lm")).test_sets)
+        if read := sorted(k for k in final if k.startswith(sealed)):
+            raise UserError(
+                f"peer command wrote test metrics ({', '.join(read)}) in an exploratory run: {run.path}"
+            )
     summary = {"iter": config["max_iters"], "wall_s": final.get("wall_s", 0.0), "final": final}
     (run.path / RunDirectory.SUMMARY).write_text(json.dumps(summary, indent=2))
     return summary
