@@ -91,6 +91,7 @@ def protocol(spec: ExperimentSpec) -> dict[str, Any]:
 
 
 def spec_hash(spec: ExperimentSpec) -> str:
+    """The sha256 of the spec's protocol (:func:`protocol`, keys sorted): what the ledger holds it to."""
     return hashlib.sha256(json.dumps(protocol(spec), sort_keys=True).encode()).hexdigest()
 
 

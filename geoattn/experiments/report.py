@@ -231,6 +231,7 @@ def confirm(spec: ExperimentSpec, table: dict[str, dict[str, Stat]]) -> list[Con
 
 
 def confirmation_rule(spec: ExperimentSpec) -> str:
+    """The paragraph that says how a confirmatory report reads its comparisons (effect, interval, Holm)."""
     return (
         f"The comparisons below ({len(spec.compare)}) were declared before the first test read and are read "
         "as one family: each effect is mean_a − mean_b over seeds (relative: ÷ mean_b) with its 95 % "

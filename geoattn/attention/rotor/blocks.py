@@ -125,4 +125,5 @@ def query_blocks(
 
 
 def needs_grad(*xs: Tensor) -> bool:
+    """Whether autograd will want a backward through a call on ``xs`` (any of them requires grad)."""
     return torch.is_grad_enabled() and any(x.requires_grad for x in xs)

@@ -71,6 +71,7 @@ def tables(algebra: CliffordAlgebra, device: torch.device, dtype: torch.dtype) -
 
 
 def sym_pairs(n: int) -> list[tuple[int, int]]:
+    """The index pairs ``(l, m)`` with ``l <= m < n``: the entries of a symmetric ``(n, n)`` form."""
     return [(l, m) for l in range(n) for m in range(l, n)]
 
 

@@ -1,5 +1,5 @@
 """The filter task's network (a sequence backbone wrapped as a causal direction estimator) and its
-model table: every backbone of :data:`geoattn.models.lm.LM_TABLE` as a row."""
+model table: every backbone of ``geoattn.models.lm.LM_TABLE`` as a row."""
 
 from __future__ import annotations
 

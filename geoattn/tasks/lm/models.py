@@ -1,4 +1,4 @@
-"""The lm task's model table: every language model of :data:`geoattn.models.lm.LM_TABLE` as a row,
+"""The lm task's model table: every language model of ``geoattn.models.lm.LM_TABLE`` as a row,
 with the lm task's recipe for it."""
 
 from __future__ import annotations

@@ -97,6 +97,7 @@ class Labels:
 
     @property
     def to_ev_per_angstrom(self) -> float:
+        """The factor from the file's force unit to eV/Å."""
         return self.to_ev / self.to_angstrom
 
 

@@ -1,6 +1,6 @@
 """The ``series`` task: classify irregularly sampled real time series (a set bundled with sktime or
 aeon, a ``.ts`` pair or a long table; :mod:`.data`) with models that all receive the observation times
-(:mod:`.models`, whose :data:`~geoattn.tasks.series.models.TABLE` is the task's model table).
+(:mod:`.models`, whose ``TABLE`` is the task's model table).
 
 Protocol: the set's own train/test split; a stratified validation split (``task.val_fraction`` of the
 training series, seeded by ``task.seed``) for model selection; optionally ``int(task.drop · L)`` time
