@@ -31,9 +31,11 @@ Evaluation is the task's own (:meth:`PointCloudTask.final_metrics`), on the auth
 mode: ``val_accuracy_full`` on every validation cloud always; ``test_accuracy``,
 ``test_accuracy_aligned``, ``_z`` and ``_so3`` only when the test split is readable, i.e. with
 ``--read-test`` (or ``GEOATTN_READ_TEST=1``): an exploratory run never reads it. ``OUT/metrics.json``
-also has ``params``, ``wall_s`` (training and evaluation), ``s_per_step``, ``train_loss_first`` and
+also has ``params``, ``wall_s`` (training and evaluation), ``s_per_step``, ``cpu_s_per_step`` (the
+process's CPU time: the cost on a shared machine), ``eval_s``, ``train_loss_first`` and
 ``train_loss_last`` (means of the first and last 10 % of steps) and the numeric settings;
-``OUT/settings.json`` every setting and the checkout's commit.
+``OUT/settings.json`` every setting and the checkout's commit. No ``predictions.npz``: the pointcloud
+task measures no peer's predictions (it has no ``prediction_rows``).
 """
 
 from __future__ import annotations
@@ -194,7 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     scheduler = SCHEDULES[args.schedule](optimizer, args.steps, steps_per_epoch, args.min_lr)
     generator = torch.Generator().manual_seed(args.seed)  # geoattn train's batch generator
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     losses = []
     model.train()
     for step in range(args.steps):
@@ -210,13 +212,16 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         losses.append(loss.item())
         if args.log_every and (step + 1) % args.log_every == 0:
             print(f"step {step + 1}: loss {np.mean(losses[-args.log_every :]):.4f}", flush=True)
-    train_s = time.perf_counter() - start
+    train_s, train_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     metrics = task.final_metrics(model, torch.device("cpu"))
     tail = max(1, len(losses) // 10)
     metrics.update(
         params=sum(p.numel() for p in model.parameters()),
         wall_s=time.perf_counter() - start,
-        s_per_step=train_s / max(args.steps, 1),
+        s_per_step=train_s / args.steps,
+        # this process's CPU time: the step's cost on a machine other processes share
+        cpu_s_per_step=train_cpu_s / args.steps,
+        eval_s=time.perf_counter() - start - train_s,
         train_loss_first=float(np.mean(losses[:tail])) if losses else math.nan,
         train_loss_last=float(np.mean(losses[-tail:])) if losses else math.nan,
         steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.min_lr,
