@@ -146,3 +146,41 @@ def test_the_checks_report_planted_violations(tmp_path):
     assert dated(clean, "x") + issue_numbers(clean, "x") + broken_links(clean, page, tmp_path) == []
     source = '"""Module, written 2026-12-05."""\n\nx = 1  # timed at 09:51\ny = "2026-12-05 is data"\n'
     assert dated_python(source, "m.py") == ["m.py:1: date '2026-12-05'", "m.py:3: clock time '09:51'"]
+
+
+def results_rows(text: str) -> list[list[str]]:
+    """The rows of README's "Confirmed results" table, each a list of its cells."""
+    section = text.split("### Confirmed results", 1)[1].split("\n#", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
+
+
+def unconfirmed_rows(text: str, results: Path) -> list[str]:
+    """README's results rows whose report is not a confirmatory one: each row links ``results/NAME.md``
+    whose ``NAME.json`` (a confirmation's summary, with its claim) exists and whose ledger entry is
+    there (:func:`geoattn.experiments.report.check_confirmations`)."""
+    from geoattn.experiments.report import check_confirmations
+
+    problems = check_confirmations(results)
+    for row in results_rows(text):
+        links = re.findall(r"\]\((results/[^)]+\.md)\)", row[-1])
+        summary = (results.parent / links[0]).with_suffix(".json") if links else None
+        if summary is None or not summary.is_file() or "claim" not in summary.read_text():
+            problems.append(f"README results row {row[0]!r} links no confirmatory report")
+    return problems
+
+
+def test_readme_results_come_from_confirmations():
+    assert unconfirmed_rows((ROOT / "README.md").read_text(), ROOT / "results") == []
+
+
+def test_a_results_row_without_a_confirmation_is_reported(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "explore.md").write_text("# an exploratory report\n")
+    text = (
+        "### Confirmed results\n\n| claim | data | effect | p | verdict | report |\n"
+        "| --- | --- | --- | --- | --- | --- |\n"
+        "| rt wins | x | 1 | 0.01 | confirmed | [explore](results/explore.md) |\n"
+    )
+    expected = ["README results row 'rt wins' links no confirmatory report"]
+    assert unconfirmed_rows(text, tmp_path / "results") == expected
