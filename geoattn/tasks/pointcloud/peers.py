@@ -9,8 +9,9 @@
   point, ``V ∈ R^{C×3}``, built from VN-Linear, VN-BatchNorm and VN-LeakyReLU (learned directions),
   mean pooling over neighbours, and the invariant layer (products with a learned equivariant frame).
   Its logits are invariant under rotations *and* reflections (O(3)): the first layer's edge features
-  are ``[x_j − x_i, x_i]``; the paper's code adds the cross product ``x_j × x_i``, a pseudovector that
-  would make it SO(3)-invariant only.
+  are ``[x_j − x_i, x_i]``, as in the authors' VN-DGCNN classifier (their code adds the cross product
+  ``x_j × x_i`` only to VN-PointNet; their VN-DGCNN is O(3)-invariant too, as
+  ``tests/test_pointcloud_vnn_peer.py`` checks).
 
 Every model: ``forward(x (B, P, 3) points, y (B,) labels | None) -> (logits (B, classes), loss | None)``,
 translation-invariant by centring. All three use BatchNorm (as their papers), so they are trained in
