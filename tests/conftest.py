@@ -26,6 +26,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _own_cache_settings(monkeypatch):
+    """A user's ``GEOATTN_CACHE`` would take the place of the folders the cache tests set
+    (``XDG_CACHE_HOME``, temporary ones): the tests run without it."""
+    monkeypatch.delenv("GEOATTN_CACHE", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _restore_thread_count():
     """The bench commands set torch's thread count for their process (``--threads``); inside the test
     process that would carry over to every later test, whose float32 rounding (and, for a chaotic
