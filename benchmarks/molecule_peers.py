@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from geoattn.errors import ConfigError, UserError
+from geoattn.core.errors import ConfigError, UserError
 from geoattn.tasks.molecule.data import require
 from geoattn.tasks.molecule.task import MoleculeTask, mae_metrics
 

@@ -177,7 +177,7 @@ def build_task(options: dict, data: str | None, read_test: bool):
 def run(args: argparse.Namespace) -> dict[str, float]:
     """Train the authors' ``args.model`` on the task's batches and measure it; the metrics written to
     ``OUT/metrics.json``."""
-    from geoattn.errors import ConfigError
+    from geoattn.core.errors import ConfigError
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -291,7 +291,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from geoattn.errors import UserError
+    from geoattn.core.errors import UserError
 
     try:
         metrics = run(parse(argv))

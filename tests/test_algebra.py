@@ -538,9 +538,9 @@ def kernels_that_ran(products, kernel: str) -> set[str]:
 def test_compiled_kernels_match_the_eager_form_values_and_gradients(monkeypatch, large_batch_kernel):
     """The large-batch path (native or compiled per-blade kernels with their own backward) against the
     eager dense-table form."""
-    import geoattn.compile
+    import geoattn.core.compile
 
-    monkeypatch.setattr(geoattn.compile, "COMPILE_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(geoattn.core.compile, "COMPILE_MIN_ELEMENTS", 1)
     fast, slow = CliffordAlgebra(2, 0, 1), CliffordAlgebra(2, 0, 1, compile=False)  # small: quick to compile
     a, b, g = rand(0, 3, 1, 8), rand(1, 4, 8), rand(2, 3, 4, 8)
     outs = []
@@ -617,10 +617,10 @@ def test_compiled_kernels_read_and_keep_a_blade_major_layout(monkeypatch, large_
     """Operands stored blade by blade (`blade_major`, also a channel slice of such a tensor) take the
     blades-first kernels: the same values and gradients as the eager form, and the result stored
     blade by blade too (what the layers after it read without a copy)."""
-    import geoattn.compile
+    import geoattn.core.compile
     from geoattn.algebra.layout import blade_major
 
-    monkeypatch.setattr(geoattn.compile, "COMPILE_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(geoattn.core.compile, "COMPILE_MIN_ELEMENTS", 1)
     fast, slow = CliffordAlgebra(2, 0, 1), CliffordAlgebra(2, 0, 1, compile=False)
     h, g = blade_major(rand(0, 3, 6, 8)), blade_major(rand(1, 3, 3, 8))
     outs = []
@@ -654,9 +654,9 @@ def test_many_algebras_and_widths_in_one_process(monkeypatch):
     monkeypatch.setattr(kernels, "COMPILE_BACKEND", "eager")
     monkeypatch.setattr(kernels, "_SHARED", {})  # fresh kernels, compiled with the backend above
     monkeypatch.setattr(kernels, "native_products", lambda x: None)  # the compiled kernels, not the native
-    import geoattn.compile
+    import geoattn.core.compile
 
-    rows = geoattn.compile.COMPILE_MIN_ELEMENTS // 4  # every algebra here has at least 4 blades
+    rows = geoattn.core.compile.COMPILE_MIN_ELEMENTS // 4  # every algebra here has at least 4 blades
     runs = 0
     for sig in [(2, 0, 0), (1, 0, 1), (3, 0, 0), (2, 0, 0)]:
         for width, dtype in ((1, torch.float32), (3, torch.float32)):

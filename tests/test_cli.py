@@ -401,7 +401,7 @@ def test_output_into_a_closed_pipe_ends_quietly():
 
 def test_the_command_line_and_the_models_import_without_the_compiler():
     """Parsing a command and importing every model imports no ``torch._dynamo`` (seconds at start-up):
-    what only matters once something compiles is marked lazily (`geoattn.compile`)."""
+    what only matters once something compiles is marked lazily (`geoattn.core.compile`)."""
     code = (
         "import sys\n"
         "from geoattn.cli import build_parser\n"
@@ -421,7 +421,7 @@ def test_the_lazy_compiler_markers_do_what_torchs_do():
     function eagerly inside a caller's ``torch.compile`` (a graph break), as ``torch.compiler.disable``."""
     import torch
 
-    from geoattn.compile import constant_result, disabled
+    from geoattn.core.compile import constant_result, disabled
 
     def ours():
         return 1

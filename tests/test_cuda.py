@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_rt_flex import _call, _leaves
 
-import geoattn.compile
+import geoattn.core.compile
 from geoattn.algebra.named import named_algebra
 from geoattn.attention.rotor import rotor_attention
 from geoattn.attention.rt import dispatch
@@ -82,7 +82,7 @@ def test_flex_path_runs_under_a_compiled_caller():
 def test_rotor_attention_on_cuda_matches_cpu(head_type, aggregation, monkeypatch):
     """The rotor kernel's blocks compiled by inductor on the GPU (the size policy lowered so that these
     small blocks compile), float64: values and gradients equal the CPU reference's."""
-    monkeypatch.setattr(geoattn.compile, "COMPILE_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(geoattn.core.compile, "COMPILE_MIN_ELEMENTS", 1)
     ga = named_algebra("cl3")
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(2, 2, 40, 2, ga.dim, generator=g, dtype=F64) for _ in range(3))

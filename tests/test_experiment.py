@@ -14,7 +14,7 @@ from conftest import SHAKESPEARE
 
 from geoattn.bench.common import cpu_isa, cpu_model
 from geoattn.cli import main
-from geoattn.errors import CheckpointError
+from geoattn.core.errors import CheckpointError
 from geoattn.experiments import execute, load_spec, plan, runner
 from geoattn.experiments.report import EVERY_SEED, VERDICT_RULE, Stat, compare, verdict, welch
 from geoattn.training.config import TrainConfig

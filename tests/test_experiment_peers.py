@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from geoattn.cli import main
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.experiments import load_spec
 from geoattn.experiments.spec import PEERS_FILE
 

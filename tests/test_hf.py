@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import geoattn.hf  # noqa: E402  (registers the geoattn model types)
 from geoattn.cli import main  # noqa: E402
-from geoattn.errors import ConfigError  # noqa: E402
+from geoattn.core.errors import ConfigError  # noqa: E402
 from geoattn.tasks.lm.task import LMTask  # noqa: E402
 from geoattn.training.evaluate import load_run  # noqa: E402
 

@@ -20,16 +20,10 @@ PACKAGE = ROOT / "geoattn"
 # Each top-level module or subpackage of geoattn and its layer, lowest first; an import may point to
 # its own layer or below. docs/layout.md draws the same table.
 LAYERS: dict[str, int] = {
-    # 0: helpers with no geoattn imports above errors: shared by every layer
-    "errors": 0,
-    "settings": 0,
-    "extras": 0,
-    "formatting": 0,
-    "compile": 0,
-    "gradients": 0,
-    "subnormals": 0,
-    "cache": 0,
-    # 1: the C++ CPU kernels and their build
+    # 0: helpers with no geoattn imports above core.errors, shared by every layer: errors, settings,
+    # extras, formatting, compile, subnormals, cache
+    "core": 0,
+    # 1: the C++ CPU kernels, their build and their gradients' torch forms
     "native": 1,
     # 2: pure maths
     "algebra": 2,
@@ -39,17 +33,15 @@ LAYERS: dict[str, int] = {
     # 4-5: modules, whole networks
     "layers": 4,
     "models": 5,
-    # 6-7: data and metrics per task, the one trainer
+    # 6-7: data and metrics per task, the one trainer and the recipes under its configs
     "tasks": 6,
     "training": 7,
-    # 8: what builds on a trained run: recipes into configs, measurements, export, the quickstart
-    "recipes": 8,
+    # 8: what builds on a trained run: measurements, export
     "bench": 8,
     "hf": 8,
-    "quickstart": 8,
     # 9: resumable grids of runs and their reports
     "experiments": 9,
-    # 10: the command
+    # 10: the command and the quickstart
     "cli": 10,
     "__main__": 10,
 }
@@ -161,6 +153,11 @@ def test_every_top_level_part_has_a_layer():
     assert set(LAYERS) - parts == set(), "LAYERS names a part the package no longer has"
 
 
+def test_no_loose_modules_at_the_top():
+    """The package's top level holds folders only, beside its entry points."""
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py"]
+
+
 def test_imports_point_down():
     assert len(FOUND) > 200  # the walk sees the package's imports, function-level ones included
     assert arrows_up(FOUND, LAYERS, KNOWN_UP) == []
@@ -194,7 +191,7 @@ def test_the_checks_catch_a_planted_arrow_up_and_a_cycle(tmp_path):
 def test_one_cache_folder_for_the_native_builds_and_the_tasks(monkeypatch, tmp_path, variable):
     """The native builds and the tasks' files resolve the cache folder through one function."""
     from geoattn import native
-    from geoattn.cache import cache_dir
+    from geoattn.core.cache import cache_dir
     from geoattn.tasks.cache import cache_dir as tasks_cache_dir
 
     monkeypatch.delenv("GEOATTN_CACHE", raising=False)

@@ -14,10 +14,10 @@ import torch
 
 from geoattn.bench.molecule import peers
 from geoattn.cli import main
-from geoattn.errors import ConfigError, DataError
-from geoattn.recipes import build_config
+from geoattn.core.errors import ConfigError, DataError
 from geoattn.tasks.molecule.files import Keys, read_molecule_file
 from geoattn.tasks.molecule.task import MoleculeConfig, MoleculeTask
+from geoattn.training.recipes import build_config
 
 ase = pytest.importorskip("ase", reason="the 'molecules' extra (ase) is not installed")
 ase_io = pytest.importorskip("ase.io")

@@ -14,7 +14,7 @@ import torch
 
 from geoattn.bench.molecule import model_epochs, peers
 from geoattn.cli import main
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.models.base import ModelSizes
 from geoattn.tasks.molecule.data import (
     TrajectorySettings,

@@ -168,7 +168,7 @@ def test_an_old_gcc_is_refused_up_front(fresh, monkeypatch, tmp_path):
 
 
 def test_a_bad_setting_is_a_config_error(monkeypatch):
-    from geoattn.errors import ConfigError
+    from geoattn.core.errors import ConfigError
 
     monkeypatch.setenv(native.NATIVE_ENV, "loud")
     with pytest.raises(ConfigError, match="GEOATTN_NATIVE='loud'"):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from geoattn.errors import DataError
+from geoattn.core.errors import DataError
 from geoattn.experiments import load_spec, plan, write_report
 from geoattn.experiments.runner import execute
 from geoattn.tasks.nbody import NBodyConfig, NBodyTask
@@ -153,7 +153,7 @@ def test_egnn_is_e3_equivariant(system):
 
 def test_egnn_trains_on_the_charged_files(tmp_path):
     """A short run through the trainer: the test MSE beats the no-motion baseline of the same set."""
-    from geoattn.recipes import build_config
+    from geoattn.training.recipes import build_config
     from geoattn.training.trainer import Trainer, run_task
 
     config = build_config(
@@ -199,7 +199,7 @@ def test_a_failing_peer_names_its_log(tmp_path):
         '[[cells]]\nname = "peer"\nmax_iters = 10\ncommand = ["{python}", "-c", "raise SystemExit(3)"]\n'
     )
     spec = load_spec(str(spec_file))
-    from geoattn.errors import UserError
+    from geoattn.core.errors import UserError
 
     with pytest.raises(UserError, match="1 of 1 runs failed"):
         execute(spec, plan(spec, tmp_path / "runs"), print_line=lambda line: None)
@@ -247,7 +247,7 @@ def test_a_peers_predictions_are_measured_as_our_runs_are(tmp_path):
     models (here the static prediction, whose MSE is the task's own baseline); ``train`` may hold the
     first samples only; a run whose command wrote none is not evaluated; bad predictions are one line
     naming the file and the set."""
-    from geoattn.errors import UserError
+    from geoattn.core.errors import UserError
     from geoattn.experiments.runner import PEER_PREDICTIONS, evaluation_file
     from geoattn.tasks.nbody.task import error_profile
 

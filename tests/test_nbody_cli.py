@@ -147,7 +147,7 @@ def test_the_rotor_default_is_the_message_model_validation_chose_and_old_cells_k
     from pathlib import Path
 
     from geoattn.experiments import load_spec
-    from geoattn.recipes import build_config
+    from geoattn.training.recipes import build_config
 
     spec = load_spec("nbody-gatr-six-seeds")
     cells = {c.name: c for c in spec.cells}
@@ -173,7 +173,7 @@ def test_the_clifford_default_is_the_schedule_the_test_experiment_ran_and_scales
     (their shares of the run), a warmup or hold the user sets is kept, and "none" gives a field its
     own default back (the old experiments pin the old recipe so)."""
     from geoattn.experiments import load_spec
-    from geoattn.recipes import build_config
+    from geoattn.training.recipes import build_config
 
     config = build_config({"task": "nbody", "model": "clifford"})
     cell = next(c for c in load_spec("nbody-cgenn-schedule").cells if "CGENN's schedule" in c.name)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.tasks.nbody import NBodyConfig, NBodyTask
 from geoattn.tasks.nbody.clifford import CliffordGNNConfig, NBodyCliffordGNN
 from geoattn.tasks.nbody.task import equivariance_error
@@ -131,7 +131,7 @@ def test_clifford_config_reads_the_run_sizes_and_rejects_bad_values():
 
 def test_clifford_model_trains_on_the_charged_files(tmp_path):
     """A short run through the trainer on EGNN's own files: the test MSE beats the no-motion baseline."""
-    from geoattn.recipes import build_config
+    from geoattn.training.recipes import build_config
     from geoattn.training.trainer import Trainer, run_task
 
     config = build_config(

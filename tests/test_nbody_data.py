@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from geoattn.cli import main
-from geoattn.errors import DataError
+from geoattn.core.errors import DataError
 from geoattn.models.base import ModelSizes
 from geoattn.tasks.nbody import NBodyConfig, NBodyTask
 from geoattn.tasks.nbody import charged as C

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.models.base import ModelSizes
-from geoattn.recipes import build_config
 from geoattn.tasks.nbody import NBodyConfig, NBodyRotor, NBodyTask, NBodyTransformer
 from geoattn.tasks.nbody.models import TABLE
+from geoattn.training.recipes import build_config
 
 PACKAGE = Path(__file__).parents[1] / "geoattn" / "tasks" / "nbody"
 TINY = ModelSizes(n_layer=1, n_head=2, n_embd=16)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from geoattn.cli import main
-from geoattn.errors import ConfigError, DataError
+from geoattn.core.errors import ConfigError, DataError
 from geoattn.models.base import ModelSizes
 from geoattn.tasks.pointcloud.data import (
     SCANOBJECTNN_CLASSES,
@@ -308,7 +308,7 @@ def test_settings_of_the_other_source_are_refused():
 def test_the_rotor_recipe_reads_no_normals_without_neighbours():
     """`model.neighbours=0` turns the recipe's normals off (they come from the kNN); the user's own
     normals with no neighbours stay theirs, and the model's check names the conflict."""
-    from geoattn.recipes import build_config
+    from geoattn.training.recipes import build_config
     from geoattn.training.trainer import run_model, run_task
 
     small = {

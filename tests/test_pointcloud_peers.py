@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import fit_one_batch
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.models.base import ModelSizes
 from geoattn.tasks.nbody.simulator import random_orthogonal, random_rotations
 from geoattn.tasks.pointcloud.graph import bending, gather, knn, local_geometry, principal_axes

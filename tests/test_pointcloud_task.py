@@ -8,7 +8,7 @@ import torch
 from conftest import fit_one_batch
 from torch import Tensor
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.models.base import ModelSizes
 from geoattn.tasks import task_class
 from geoattn.tasks.nbody.simulator import random_orthogonal
@@ -209,7 +209,7 @@ def test_the_rotor_recipe_has_block_gains_and_old_cells_pin_them_off():
     options, so the cells of experiments from before the gains train the model without them (no
     BranchScale) with the options, hence the run directories, they had; a later layer sets it again."""
     from geoattn.experiments import load_spec
-    from geoattn.recipes import build_config
+    from geoattn.training.recipes import build_config
     from geoattn.training.trainer import run_model, run_task
 
     config = build_config({"task": "pointcloud", "model": "rotor"})

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from geoattn.cli import main
-from geoattn.errors import DataError
+from geoattn.core.errors import DataError
 from geoattn.experiments import execute, load_spec, plan
 from geoattn.experiments import ledger as ledger_module
 from geoattn.experiments.report import check_confirmations, holm, welch, welch_interval

@@ -13,7 +13,7 @@ import torch
 from conftest import random_o3_versor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import geoattn.compile
+import geoattn.core.compile
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.attention.rotor import blocks, params, rotor_attention, sandwich
 from geoattn.attention.rotor import compose as compose_module
@@ -226,7 +226,7 @@ def test_compiled_block_kernels_match_eager(monkeypatch):
     for head_type, aggregation in [("reflection", "sum"), ("rotation", "compose")]:
         results = []
         for min_pairs in (2**62, 1):  # eager, then compiled
-            monkeypatch.setattr(geoattn.compile, "COMPILE_MIN_ELEMENTS", min_pairs)
+            monkeypatch.setattr(geoattn.core.compile, "COMPILE_MIN_ELEMENTS", min_pairs)
             q, k, v = _conditioned_qkv(CL3, head_type, seed=2, B=1, N=6, grad=True)
             kw = dict(head_type=head_type, aggregation=aggregation, key_mask=mask, chunk_size=3)
             out = rotor_attention(q, k, v, algebra=CL3, **kw)
@@ -575,7 +575,7 @@ def test_summed_loss_sends_dense_gradients_to_the_batched_products(head_type):
 
 
 def test_dense_grad_passes_second_derivatives():
-    from geoattn.gradients import dense_grad
+    from geoattn.native.gradients import dense_grad
 
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda t: dense_grad(t * t).sum(), (x,))

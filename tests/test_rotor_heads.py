@@ -14,8 +14,8 @@ from geoattn.attention.rotor import HEADS, HeadType, register_head_type, rotor_a
 from geoattn.attention.rotor.reference import pairwise
 from geoattn.layers.rotor_block import RotorAttention
 from geoattn.models.rotor_lm import RotorLMConfig
-from geoattn.recipes import build_config
 from geoattn.training.config import parse_set
+from geoattn.training.recipes import build_config
 from geoattn.training.trainer import run_model, run_task
 
 CL3 = CliffordAlgebra(3)

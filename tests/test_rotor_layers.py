@@ -10,13 +10,13 @@ import pytest
 import torch
 from conftest import random_o3_versor
 
-import geoattn.compile
+import geoattn.core.compile
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.layout import blade_major
 from geoattn.algebra.rotation import rotate_pairs
 from geoattn.attention.rotor import qkv as rotor_qkv
 from geoattn.attention.rotor import rotor_attention
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.layers.multivector import (
     EquiLinear,
     GeometricMLP,
@@ -168,7 +168,7 @@ def test_grade_path_product_compiled_kernels_match_the_dense_table(ga, kernel, m
     product = GradePathProduct(ga, 2).double()
     with torch.no_grad():
         product.weight.normal_()
-    rows = geoattn.compile.COMPILE_MIN_ELEMENTS // ga.dim**2 + 1
+    rows = geoattn.core.compile.COMPILE_MIN_ELEMENTS // ga.dim**2 + 1
     a, b = (torch.randn(rows, 2, ga.dim, dtype=torch.float64) for _ in range(2))
     results = []
     for compiled in (True, False):

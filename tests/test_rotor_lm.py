@@ -13,7 +13,7 @@ from conftest import SHAKESPEARE, random_o3_versor, tiny_lm_args
 
 import geoattn.layers.rotor_block as rotor_block
 from geoattn.cli import main
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.models.base import ModelSizes
 from geoattn.models.lm import LMConfig, TransformerLM
 from geoattn.models.rotor_lm import RotorLM, RotorLMConfig

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.models.base import ModelSizes
 from geoattn.tasks import get_task, task_class
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from geoattn.cli import main
-from geoattn.errors import ConfigError, DataError
+from geoattn.core.errors import ConfigError, DataError
 from geoattn.models.base import ModelSizes
-from geoattn.recipes import build_config
+from geoattn.training.recipes import build_config
 
 pytest.importorskip("sktime", reason="the 'series' extra (sktime, torchcde) is not installed")
 pd = pytest.importorskip("pandas")

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-import geoattn.subnormals as subnormals
+import geoattn.core.subnormals as subnormals
 from geoattn.attention import rt_attention
 from geoattn.attention.rt import dispatch
 from geoattn.attention.rt.params import Call
@@ -19,18 +19,18 @@ import torch
 {setup}
 torch.set_num_threads(2)
 y = torch.full((1 << 22,), 1e-39) * 1.0
-print(int((y == 0).sum()), y.numel(), geoattn.subnormals.subnormals_flushed())
+print(int((y == 0).sum()), y.numel(), geoattn.core.subnormals.subnormals_flushed())
 """
 # The geoattn program, its work replaced by the probe.
 _CONSOLE = """
-import geoattn.cli, geoattn.subnormals
+import geoattn.cli, geoattn.core.subnormals
 geoattn.cli.main = lambda argv=None: 0
 try:
     geoattn.cli.console()
 except SystemExit:
     pass
 """
-_LIBRARY = "import geoattn.attention, geoattn.subnormals"
+_LIBRARY = "import geoattn.attention, geoattn.core.subnormals"
 
 
 def _probe(setup: str, keep: str | None) -> tuple[int, int, str]:

@@ -13,7 +13,7 @@ import torch
 from conftest import SHAKESPEARE
 from torch import nn
 
-from geoattn.errors import CheckpointError
+from geoattn.core.errors import CheckpointError
 from geoattn.models.base import decay_groups
 from geoattn.tasks.lm import LMTask
 from geoattn.training import run_dir

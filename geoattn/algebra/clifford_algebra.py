@@ -38,7 +38,7 @@ class CliffordAlgebra:
         compile: run large batches of the bilinear products (n ≤ 4) through their kernels (default
             True; False: eager): on the CPU the native one (``geoattn.native``) from
             ``kernels.NATIVE_MIN_ROWS`` rows where it is built, else ``torch.compile``d per-blade
-            kernels for rows · 4ⁿ passing `geoattn.compile.worth_compiling`, whose first large call per
+            kernels for rows · 4ⁿ passing `geoattn.core.compile.worth_compiling`, whose first large call per
             product compiles (seconds). See ``kernels.takes_kernel``.
 
     Tables for other modules (float64 CPU tensors, fresh copies; column convention ``M @ x``):

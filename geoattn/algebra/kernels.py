@@ -34,7 +34,7 @@ from torch import Tensor
 
 from geoattn import native
 from geoattn.algebra.layout import channel_halves, is_blade_major
-from geoattn.compile import worth_compiling
+from geoattn.core.compile import worth_compiling
 
 Entries = Sequence[tuple[int, int, int, int]]  # (i, j, k, sign): e_i ∘ e_j = sign · e_k
 

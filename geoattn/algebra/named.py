@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 
 ALGEBRAS: dict[str, tuple[int, int, int]] = {"cl3": (3, 0, 0), "cl4": (4, 0, 0), "pga": (3, 0, 1)}
 

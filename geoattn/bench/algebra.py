@@ -26,8 +26,8 @@ from torch import Tensor
 
 from geoattn.algebra import CliffordAlgebra, kernels
 from geoattn.bench.common import median_time, ms
-from geoattn.errors import ConfigError
-from geoattn.formatting import format_table
+from geoattn.core.errors import ConfigError
+from geoattn.core.formatting import format_table
 
 SIGNATURES = ((3, 0, 0), (3, 0, 1))
 

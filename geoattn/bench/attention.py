@@ -46,8 +46,8 @@ from geoattn.bench.common import (
     spread,
     threads_note,
 )
-from geoattn.errors import ConfigError
-from geoattn.formatting import format_table
+from geoattn.core.errors import ConfigError
+from geoattn.core.formatting import format_table
 
 # The reference holds ~10 (B, H, N, N) tensors through backward; above this it is skipped.
 _REFERENCE_MAX_BYTES = 2 << 30

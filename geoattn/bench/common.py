@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from geoattn.formatting import format_table
-from geoattn.subnormals import subnormals_flushed
+from geoattn.core.formatting import format_table
+from geoattn.core.subnormals import subnormals_flushed
 
 
 def peers_dir() -> str:
@@ -281,7 +281,8 @@ def ms(seconds: float | None) -> str:
 
 
 def threads_note() -> str:
-    """``"2 threads, subnormals flushed"``: the CPU settings a timing depends on (`geoattn.subnormals`)."""
+    """``"2 threads, subnormals flushed"``: the CPU settings a timing depends on
+    (`geoattn.core.subnormals`)."""
     mode = "subnormals flushed" if subnormals_flushed() else "subnormals kept"
     return f"{torch.get_num_threads()} threads, {mode}"
 

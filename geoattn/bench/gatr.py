@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from geoattn.bench.common import flag_names, flag_value
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 
 ROW = "GATr (its own code)"
 LR = 2e-3  # the rate GATr's validation chose in experiments/nbody-lr.toml (its config's is 3e-4)

@@ -34,8 +34,8 @@ from geoattn.bench.common import (
     spread,
     threads_note,
 )
-from geoattn.errors import ConfigError
-from geoattn.formatting import format_table
+from geoattn.core.errors import ConfigError
+from geoattn.core.formatting import format_table
 from geoattn.models.base import ModelSizes
 from geoattn.models.lm import build_lm, config_class
 from geoattn.tasks.lm.task import LMTask

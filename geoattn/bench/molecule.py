@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from geoattn.errors import ConfigError
-from geoattn.formatting import format_table
+from geoattn.core.errors import ConfigError
+from geoattn.core.formatting import format_table
 from geoattn.tasks.molecule.task import MoleculeTask
 
 MODELS = ("rotor", "mace", "schnet")
@@ -195,7 +195,7 @@ def rotor_overrides(items: list[str]) -> dict[str, Any]:
 def run_rotor(task: MoleculeTask, out: Path, args: argparse.Namespace, epochs: int) -> dict[str, Any]:
     """geoattn's trainer on the task with its rotor recipe (the task's model table) and
     ``--rotor-set`` on top: ``epochs · n_train / batch_size`` steps."""
-    from geoattn.recipes import build_config
+    from geoattn.training.recipes import build_config
     from geoattn.training.trainer import Trainer, run_task
 
     user = rotor_overrides(args.rotor_set)

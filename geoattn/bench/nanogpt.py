@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from geoattn.bench.common import flag_names
-from geoattn.errors import ConfigError, DataError
+from geoattn.core.errors import ConfigError, DataError
 
 DATASET = "shakespeare_char"
 CONFIG = "config/train_shakespeare_char.py"

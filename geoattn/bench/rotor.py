@@ -34,8 +34,8 @@ from geoattn.bench.common import (
     spread,
     threads_note,
 )
-from geoattn.errors import ConfigError
-from geoattn.formatting import format_table
+from geoattn.core.errors import ConfigError
+from geoattn.core.formatting import format_table
 
 # the reference builds (H, block, N, C, 8) products block by block: beyond these N it takes minutes
 REFERENCE_MAX_N = {"forward": 512, "forward+backward": 256}

@@ -32,12 +32,12 @@ from geoattn.bench.common import (
     spread,
     threads_note,
 )
-from geoattn.errors import ConfigError
-from geoattn.formatting import format_table
-from geoattn.recipes import build_config
+from geoattn.core.errors import ConfigError
+from geoattn.core.formatting import format_table
 from geoattn.tasks import task_class
 from geoattn.training.compiling import CompiledModel
 from geoattn.training.config import parse_set
+from geoattn.training.recipes import build_config
 from geoattn.training.trainer import make_optimizer, run_model, run_task
 
 

@@ -49,8 +49,8 @@ import torch
 
 from geoattn.bench import gatr, nanogpt
 from geoattn.bench.common import flag_value, git_revision, peers_dir
-from geoattn.errors import ConfigError, DataError
-from geoattn.formatting import format_table
+from geoattn.core.errors import ConfigError, DataError
+from geoattn.core.formatting import format_table
 
 CACHES = ("warm", "cold")
 PEERS = ("nanogpt", "gatr")

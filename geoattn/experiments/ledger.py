@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from geoattn.errors import ConfigError, DataError, UserError
+from geoattn.core.errors import ConfigError, DataError, UserError
 from geoattn.experiments.spec import ExperimentSpec
 from geoattn.tasks.lm.datasets import sha256_of as file_sha256
 

@@ -25,11 +25,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from geoattn.errors import CheckpointError, ConfigError
+from geoattn.core.errors import CheckpointError, ConfigError
+from geoattn.core.formatting import format_table, significant
 from geoattn.experiments import ledger
 from geoattn.experiments.runner import RunPlan, evaluation_file, sets_read
 from geoattn.experiments.spec import ExperimentSpec
-from geoattn.formatting import format_table, significant
 from geoattn.training.run_dir import RunDirectory
 
 ALPHA = 0.05

@@ -28,7 +28,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from geoattn.errors import UserError
+from geoattn.core.errors import UserError
 from geoattn.experiments import ledger
 from geoattn.experiments.spec import Cell, ExperimentSpec
 from geoattn.training.run_dir import RunDirectory

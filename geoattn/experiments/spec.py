@@ -115,10 +115,10 @@ from pathlib import Path
 from typing import Any
 
 from geoattn.bench.common import peers_dir
-from geoattn.errors import ConfigError
-from geoattn.recipes import build_config
-from geoattn.settings import read_toml
+from geoattn.core.errors import ConfigError
+from geoattn.core.settings import read_toml
 from geoattn.training.config import FIELDS, TrainConfig
+from geoattn.training.recipes import build_config
 
 EXPERIMENTS_DIR = Path("experiments")
 PROBES = "probes"  # experiments/probes/NAME.toml, reported in results/probes/NAME.md

@@ -16,7 +16,7 @@ Without ``transformers`` installed, importing this package raises a one-line Con
 extra.
 """
 
-from geoattn.extras import require
+from geoattn.core.extras import require
 
 require("transformers", extra="hf", purpose="geoattn.hf (Hugging Face models)")
 require("tokenizers", extra="hf", purpose="geoattn.hf (Hugging Face tokenizers)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.hf.modeling import GeoattnForCausalLM
 from geoattn.hf.tokenizer import char_tokenizer
 

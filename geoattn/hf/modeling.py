@@ -28,7 +28,7 @@ from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.models.base import TaskModel
 
 __all__ = [

@@ -24,7 +24,7 @@ from geoattn import native
 from geoattn.algebra import kernels
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.layout import channel_halves
-from geoattn.gradients import torch_form_grads
+from geoattn.native.gradients import torch_form_grads
 
 
 def _check_mv(x: Tensor, algebra: CliffordAlgebra, channels: int, name: str, owner: str) -> None:

@@ -15,7 +15,7 @@ from geoattn.algebra.layout import blade_major_grad
 from geoattn.attention.rotor import rotor_attention
 from geoattn.attention.rotor.heads import HEADS, check_head_types
 from geoattn.attention.rotor.qkv import qkv_groups
-from geoattn.compile import disabled
+from geoattn.core.compile import disabled
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
 
 

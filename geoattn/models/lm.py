@@ -31,14 +31,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
+from geoattn.core.settings import settings_from
 from geoattn.models.lm_core import POSITIONS, Backbone, LanguageModel, LMConfig
 from geoattn.models.lm_ngpt import NGPTLM, NGPTConfig, ngpt_backbone
 from geoattn.models.lm_rfa import RFAConfig, RFATransformerLM, rfa_backbone
 from geoattn.models.lm_rt import RTConfig, RTTransformerLM, rt_backbone
 from geoattn.models.lm_transformer import TransformerConfig, TransformerLM, transformer_backbone
 from geoattn.models.rotor_lm import ROTOR_LM_DESCRIPTION, RotorBackbone, RotorLM, RotorLMConfig
-from geoattn.settings import settings_from
 
 
 @dataclass(frozen=True)

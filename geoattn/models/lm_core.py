@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
+from geoattn.core.settings import settings_from
 from geoattn.layers.common import ScaledVector, check_input, normalize_
 from geoattn.layers.sphere import STEPS, NormalizedSwiGLU, to_sphere
 from geoattn.layers.transformer import Block, make_mlp, make_norm
 from geoattn.models.base import ModelSizes, TaskModel, decay_groups
-from geoattn.settings import settings_from
 
 POSITIONS = ("rope", "learned", "alibi", "none")
 MLPS = ("swiglu", "gelu", None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.layers.rt_block import RTAttention, RTBlock
 from geoattn.models.lm_core import (
     Backbone,

@@ -51,13 +51,13 @@ from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.layout import blade_major, blade_major_grad
 from geoattn.algebra.named import ALGEBRAS, algebra_signature, named_algebra
 from geoattn.attention.rotor.heads import DEFAULT_HEAD_CYCLE, check_head_types, default_head_types
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
+from geoattn.core.settings import settings_from
 from geoattn.layers.common import check_input, default_positions
 from geoattn.layers.multivector import GeometricMLP, GradeLayerNorm, MultivectorEmbedding
 from geoattn.layers.rotor_block import RotorAttention
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm_core import LanguageModel
-from geoattn.settings import settings_from
 
 ATTENTION_INPUT_GAIN = 2.0  # initial gain of each block's attention input norm (see RotorLMBlock)
 ROTOR_LM_DESCRIPTION = "RotorLM: multivector tokens, causal rotor attention with rotor positions (seed 004)"

@@ -22,11 +22,11 @@ from torch import Tensor, nn
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.named import algebra_signature, named_algebra
 from geoattn.attention.rotor.heads import DEFAULT_HEAD_CYCLE, check_head_types, default_head_types
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
+from geoattn.core.settings import settings_from
 from geoattn.layers.multivector import EquiLinear
 from geoattn.layers.rotor_block import RotorBlock
 from geoattn.models.base import ModelSizes
-from geoattn.settings import settings_from
 
 # of the algebra table (geoattn.algebra.named): the ones whose vectors are the tasks' 3D points
 ALGEBRA_NAMES = ("cl3", "pga")

@@ -60,9 +60,9 @@ from types import ModuleType
 
 import torch
 
-from geoattn.cache import cache_dir
-from geoattn.compile import constant_result
-from geoattn.errors import ConfigError, NativeBuildError
+from geoattn.core.cache import cache_dir
+from geoattn.core.compile import constant_result
+from geoattn.core.errors import ConfigError, NativeBuildError
 
 try:
     import fcntl
@@ -221,8 +221,9 @@ def _load_for_kernels() -> ModuleType | None:
 
 
 def cache_root() -> Path:
-    """Where the builds lie: ``native`` in the package's one cache folder (:func:`geoattn.cache.cache_dir`:
-    ``$GEOATTN_CACHE``, else ``$XDG_CACHE_HOME/geoattn``, else ``~/.cache/geoattn``)."""
+    """Where the builds lie: ``native`` in the package's one cache folder
+    (:func:`geoattn.core.cache.cache_dir`: ``$GEOATTN_CACHE``, else ``$XDG_CACHE_HOME/geoattn``, else
+    ``~/.cache/geoattn``)."""
     return cache_dir() / "native"
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.tasks.base import EvalRow, Task
 
 TASKS = {

@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
+from geoattn.core.settings import describe_settings, settings_from
 from geoattn.models.base import ModelSizes, TaskModel
-from geoattn.settings import describe_settings, settings_from
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from geoattn.compile import own_code
+from geoattn.core.compile import own_code
 
 # The two estimates of the default's rule (compile_choice), measured on the 2-core AMD EPYC of
 # BENCHMARKS.md with `geoattn bench train --cache cold`: a first run's compile of the rt model

@@ -3,7 +3,7 @@
 Precedence, lowest first: the defaults below, the task's recipe for the model (``Task.recipes``: the
 best settings measured for it), a checkpoint's saved config (``--resume``), a TOML file
 (``--config``), ``--set key=value`` overrides, explicit command-line flags. This module knows no
-task: :func:`geoattn.recipes.build_config` layers a task's recipe below the rest.
+task: :func:`geoattn.training.recipes.build_config` layers a task's recipe below the rest.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
+from geoattn.core.settings import read_toml
 from geoattn.models.base import ModelSizes
-from geoattn.settings import read_toml
 
 if sys.version_info >= (3, 11):
     import tomllib

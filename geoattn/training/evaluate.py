@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from geoattn.errors import CheckpointError, ConfigError
+from geoattn.core.errors import CheckpointError, ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.tasks.base import EvalRow, Task
 from geoattn.training.config import TrainConfig, merge

@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from geoattn.errors import ConfigError
-from geoattn.extras import require
+from geoattn.core.errors import ConfigError
+from geoattn.core.extras import require
 from geoattn.models.base import TaskModel
 from geoattn.training.run_dir import RunDirectory
 

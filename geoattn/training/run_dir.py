@@ -33,7 +33,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 
-from geoattn.errors import CheckpointError, ConfigError
+from geoattn.core.errors import CheckpointError, ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.training import plots
 

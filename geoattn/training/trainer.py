@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 import geoattn
-from geoattn.errors import CheckpointError, ConfigError
+from geoattn.core.errors import CheckpointError, ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.tasks import get_task
 from geoattn.tasks.base import Task

@@ -16,13 +16,13 @@ from torch.utils.checkpoint import checkpoint
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.attention.rotor.params import allowed_pairs
-from geoattn.compile import own_code, worth_compiling
+from geoattn.core.compile import own_code, worth_compiling
 
 AUTO_CHUNK_ELEMENTS = 1 << 21  # B·H·chunk·N logits per query chunk (8 MiB in float32)
 
 
 # ---------------------------------------------------------------------------- fast: query blocks
-# Blocks whose pair weights (B · H · queries · keys) pass `geoattn.compile.worth_compiling` run their
+# Blocks whose pair weights (B · H · queries · keys) pass `geoattn.core.compile.worth_compiling` run their
 # N×N work (softmax, guards, weights) as one torch.compile'd kernel between the GEMMs; eager, each of
 # those steps is a pass over the block (eager, those pointwise passes dominate the compose head's time).
 # torch.compile backend of the block kernels (tests use "aot_eager": tracing without code generation)

@@ -14,7 +14,7 @@ from torch import Tensor
 from geoattn import native
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.attention.rotor.params import NORM_EPS, cached, plain_attention
-from geoattn.gradients import torch_form_grads
+from geoattn.native.gradients import torch_form_grads
 
 
 def frame_axes(c0: Tensor, c1: Tensor) -> tuple[Tensor, Tensor]:

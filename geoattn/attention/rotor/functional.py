@@ -100,7 +100,7 @@ from geoattn.attention.dtypes import outside_autocast
 from geoattn.attention.rotor import dispatch
 from geoattn.attention.rotor.dispatch import Call
 from geoattn.attention.rotor.heads import HEADS, check_head_types
-from geoattn.gradients import dense_grad
+from geoattn.native.gradients import dense_grad
 
 
 @outside_autocast

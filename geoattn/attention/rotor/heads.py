@@ -26,7 +26,7 @@ from geoattn.algebra.named import signature_name
 from geoattn.attention.rotor import frame, projection, sandwich
 from geoattn.attention.rotor.compose import compose
 from geoattn.attention.rotor.reference import compose_reference, pairwise
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 
 HeadKernel = Callable[..., Tensor]
 AGGREGATIONS = ("sum", "compose")

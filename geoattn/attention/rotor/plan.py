@@ -18,7 +18,7 @@ from torch import Tensor
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.named import shared_algebra
 from geoattn.attention.rotor.params import base_tables, cached, monomials, sym_pairs
-from geoattn.compile import constant_result
+from geoattn.core.compile import constant_result
 
 # unscaled(ga, inverse, a, b, v) -> (..., dim); moved_scaled(ga, inverse, a, b, moved) -> (..., dim)
 SandwichPolynomial = Callable[..., Tensor]

@@ -25,7 +25,7 @@ from torch import Tensor
 from geoattn import native
 from geoattn.algebra import kernels
 from geoattn.algebra.layout import is_blade_major
-from geoattn.gradients import torch_form_grads
+from geoattn.native.gradients import torch_form_grads
 
 
 def qkv_groups(

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from geoattn.attention.rt.params import Call, angles, explicit_times, prepare, rt_logits, to_query_frame
-from geoattn.compile import disabled
+from geoattn.core.compile import disabled
 
 # The torch.compile backend of FlexAttention (the tests compile with "aot_eager" on the CPU).
 COMPILE_BACKEND = "inductor"

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.rt.sde import RTSDE
 
 SPLIT_SEEDS = {"val": 1_000_003, "eval": 2_000_003}

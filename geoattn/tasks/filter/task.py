@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.tasks.base import ModelRow, Task
 from geoattn.tasks.cache import cache_dir

@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from geoattn.errors import ConfigError, DataError
+from geoattn.core.errors import ConfigError, DataError
 from geoattn.tasks.cache import cache_dir
 
 

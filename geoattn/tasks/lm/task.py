@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from geoattn.errors import ConfigError, DataError
+from geoattn.core.errors import ConfigError, DataError
 from geoattn.models.base import TaskModel
 from geoattn.tasks.base import EvalRow, ModelRow, Task
 from geoattn.tasks.lm.analysis import key_norms_by_corruption, noisy_split_loss

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from geoattn.settings import describe_settings
+from geoattn.core.settings import describe_settings
 from geoattn.tasks.molecule.data import MOLECULES, TrajectorySettings, make_trajectory
 
 DESCRIPTION = (

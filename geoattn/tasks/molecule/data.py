@@ -40,8 +40,8 @@ from types import ModuleType
 
 import numpy as np
 
-from geoattn import extras
-from geoattn.errors import ConfigError, DataError
+from geoattn.core import extras
+from geoattn.core.errors import ConfigError, DataError
 
 MOLECULE_FORMAT = "geoattn-molecule"
 MOLECULE_VERSION = 1

@@ -8,7 +8,7 @@
 | ``extxyz`` | ``.xyz``, ``.extxyz`` (ASE's extended XYZ: MACE, NequIP, SchNetPack) | eV, eV/Å, Å |
 
 Every file holds one molecule: the same atoms, in the same order, in every frame. Each reader checks
-shapes, finiteness and atomic numbers and raises :class:`~geoattn.errors.DataError` in one line naming
+shapes, finiteness and atomic numbers and raises :class:`~geoattn.core.errors.DataError` in one line naming
 the file. The energy conversions use ASE's constants (``ase.units.kcal / ase.units.mol``), and the
 returned :class:`~geoattn.tasks.molecule.data.Trajectory`'s ``settings`` record the source format, its
 units and the factors applied (the run's ``config.json`` keeps them in the task's meta).
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from geoattn.errors import DataError
+from geoattn.core.errors import DataError
 from geoattn.tasks.lm.datasets import sha256_of
 from geoattn.tasks.molecule.data import Trajectory, load_trajectory, require
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig
 from geoattn.tasks.base import ModelRow, Recipe

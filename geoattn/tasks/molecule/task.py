@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.tasks.base import Task
 from geoattn.tasks.molecule.data import (

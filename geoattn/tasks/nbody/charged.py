@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from geoattn.errors import DataError
+from geoattn.core.errors import DataError
 from geoattn.tasks.nbody.simulator import UNREADABLE, NBodySet, check_finite
 
 SETS = ("train", "val", "test")

@@ -31,10 +31,10 @@ from torch import Tensor, nn
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
 from geoattn.algebra.layout import blade_major_grad
 from geoattn.algebra.named import named_algebra
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
+from geoattn.core.settings import settings_from
 from geoattn.layers.multivector import EquiLinear, GeometricMLP, GradeLayerNorm
 from geoattn.models.base import ModelSizes, TaskModel
-from geoattn.settings import settings_from
 from geoattn.tasks.nbody.bodies import centroid, check_inputs, other_bodies, pair_invariants, position_mse
 
 

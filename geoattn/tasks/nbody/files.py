@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from geoattn.errors import DataError
+from geoattn.core.errors import DataError
 from geoattn.tasks.nbody import charged
 from geoattn.tasks.nbody.simulator import SETS
 

@@ -14,11 +14,11 @@ import torch
 from torch import Tensor, nn
 
 from geoattn.algebra.clifford_algebra import CliffordAlgebra
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
+from geoattn.core.settings import settings_from
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.lm import LMConfig, TransformerConfig, build_backbone
 from geoattn.models.rotor_transformer import RotorTransformer, RotorTransformerConfig
-from geoattn.settings import settings_from
 from geoattn.tasks.base import Follow, ModelRow, Recipe
 from geoattn.tasks.nbody.bodies import centroid, check_inputs, mean_over_others, pair_invariants, position_mse
 from geoattn.tasks.nbody.clifford import (

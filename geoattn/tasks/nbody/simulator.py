@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geoattn.errors import ConfigError, DataError
+from geoattn.core.errors import ConfigError, DataError
 
 SETS = ("train", "val", "eval", "e3_generalization", "object_generalization")
 # the systems of the task and their default seeds: GATr's gravity, EGNN's charged particles (seed 43)

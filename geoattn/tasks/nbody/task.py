@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from geoattn.errors import ConfigError, DataError
+from geoattn.core.errors import ConfigError, DataError
 from geoattn.models.base import TaskModel
 from geoattn.tasks.base import EvalRow, ModelRow, Task
 from geoattn.tasks.nbody import charged

@@ -14,7 +14,7 @@ files in the folder (:data:`LAYOUTS`):
 
 Each cloud keeps ``points`` of its points, picked at random or by farthest-point sampling
 (:func:`farthest_points`, cached), then is centred and scaled to unit maximum radius (as the generated
-shapes are). Anything malformed is a one-line :class:`~geoattn.errors.DataError` naming the file.
+shapes are). Anything malformed is a one-line :class:`~geoattn.core.errors.DataError` naming the file.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geoattn.errors import DataError
-from geoattn.extras import require
+from geoattn.core.errors import DataError
+from geoattn.core.extras import require
 from geoattn.tasks.cache import cache_dir
 
 SPLITS_READ = ("train", "test")

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.layers.multivector import EquiLinear, GradeLayerNorm
 from geoattn.models.base import TaskModel
 from geoattn.models.lm import LMConfig, build_backbone

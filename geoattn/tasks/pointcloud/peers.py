@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
+from geoattn.core.settings import settings_from
 from geoattn.models.base import ModelSizes, TaskModel
 from geoattn.models.rotor_transformer import center
-from geoattn.settings import settings_from
 from geoattn.tasks.pointcloud.graph import gather, knn
 from geoattn.tasks.pointcloud.networks import check_points, cross_entropy
 

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from geoattn.errors import ConfigError, DataError
+from geoattn.core.errors import ConfigError, DataError
 from geoattn.models.base import TaskModel
 from geoattn.tasks.base import Task
 from geoattn.tasks.nbody.simulator import random_rotations

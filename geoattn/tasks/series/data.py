@@ -45,8 +45,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geoattn.errors import ConfigError, DataError
-from geoattn.extras import check_installed, require
+from geoattn.core.errors import ConfigError, DataError
+from geoattn.core.extras import check_installed, require
 from geoattn.tasks.cache import cache_dir
 
 EXTRA = "series"

@@ -37,14 +37,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from geoattn.errors import ConfigError
-from geoattn.extras import require
+from geoattn.core.errors import ConfigError
+from geoattn.core.extras import require
+from geoattn.core.settings import settings_from
 from geoattn.layers.common import check_heads, merge_heads, split_heads
 from geoattn.layers.sphere import to_sphere
 from geoattn.layers.transformer import make_mlp, make_norm
 from geoattn.models.base import ModelSizes, TaskModel, decay_groups
 from geoattn.models.lm_rt import RTConfig, rt_backbone
-from geoattn.settings import settings_from
 from geoattn.tasks.base import ModelRow, Recipe
 from geoattn.tasks.series.data import EXTRA, unpack
 

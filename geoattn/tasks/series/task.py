@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.tasks.base import Task
 from geoattn.tasks.series.data import (

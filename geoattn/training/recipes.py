@@ -2,8 +2,8 @@
 
 Each task keeps the best settings measured for its models (``Task.recipes``: model name → config
 fields); this module layers them between :class:`~geoattn.training.config.TrainConfig`'s defaults
-and everything the user sets. It sits above both ``tasks`` and ``training``, where the command line,
-the experiments and the benches build their configs.
+and everything the user sets. It sits in ``training``, above ``tasks``, below the command line, the
+experiments and the benches that build their configs with it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Optional dependencies: one place that imports an extra's package or says which extra to install.
 
 ``require("transformers", extra="hf", purpose="geoattn.hf")`` returns the module, or raises a
-:class:`~geoattn.errors.ConfigError` whose one line names the extra (``pip install 'geoattn[hf]'``),
+:class:`~geoattn.core.errors.ConfigError` whose one line names the extra (``pip install 'geoattn[hf]'``),
 which the command line prints without a traceback.
 """
 
@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 
 EXTRAS = {  # extra -> what it brings
     "hf": "Hugging Face transformers and tokenizers (geoattn.hf, geoattn export)",

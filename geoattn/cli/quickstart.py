@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 
 DEFAULT_OUT = "runs/quickstart"
 MARKER = ".geoattn-quickstart"  # quickstart owns (and overwrites) only folders that carry this file
@@ -85,7 +85,7 @@ def filter_comparison(out: Path, iters: int, device: str) -> None:
     """rt and transformer against the reference filters, all on the same 256 validation sequences."""
     import torch
 
-    from geoattn.formatting import format_table
+    from geoattn.core.formatting import format_table
     from geoattn.tasks import get_task
 
     task = get_task("filter", block_size=FILTER_SEQ_LEN)
@@ -148,7 +148,7 @@ BASELINE_NAMES = {
 
 
 def lm_comparison(out: Path, data: str, iters: int, device: str) -> None:
-    from geoattn.formatting import format_table
+    from geoattn.core.formatting import format_table
     from geoattn.tasks import get_task
 
     task = get_task("lm", data=data, block_size=64)

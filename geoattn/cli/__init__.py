@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 from geoattn.bench import BENCHMARKS
-from geoattn.errors import ConfigError, NativeBuildError, UserError
-from geoattn.formatting import format_table
-from geoattn.subnormals import flush_unless_kept
+from geoattn.core.errors import ConfigError, NativeBuildError, UserError
+from geoattn.core.formatting import format_table
+from geoattn.core.subnormals import flush_unless_kept
 
 
 class UsageError(ConfigError):
@@ -115,8 +115,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def train_config_from_args(args: argparse.Namespace):
     """The TrainConfig of ``geoattn train`` (saved config, TOML, --set and flags layered)."""
-    from geoattn.recipes import build_config
     from geoattn.training.config import load_toml, parse_set
+    from geoattn.training.recipes import build_config
     from geoattn.training.run_dir import RunDirectory
 
     base = RunDirectory(args.out).read_config()["train"] if args.resume else {}
@@ -132,8 +132,8 @@ def train_config_from_args(args: argparse.Namespace):
 
 
 def cmd_list_settings(args: argparse.Namespace) -> int:
-    from geoattn.recipes import recipe as model_recipe
     from geoattn.tasks import task_class
+    from geoattn.training.recipes import recipe as model_recipe
 
     config = train_config_from_args(args)
     task = task_class(config.task)
@@ -237,7 +237,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from geoattn.formatting import significant
+    from geoattn.core.formatting import significant
     from geoattn.training.config import parse_set
     from geoattn.training.evaluate import evaluation_rows, load_run
 
@@ -320,7 +320,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from geoattn.extras import require
+    from geoattn.core.extras import require
 
     require("transformers", extra="hf", purpose="geoattn export")
     from transformers.utils import logging as hf_logging
@@ -530,7 +530,7 @@ def cmd_native_build(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------ quickstart ----
 def _add_quickstart(sub: argparse._SubParsersAction) -> None:
-    from geoattn import quickstart
+    from geoattn.cli import quickstart
 
     p = sub.add_parser(
         "quickstart",
@@ -578,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def console() -> None:
     """The ``geoattn`` program (``python -m geoattn`` too): `main` with subnormal floats flushed in
-    every thread (`geoattn.subnormals`; set before any torch work starts the worker threads).
+    every thread (`geoattn.core.subnormals`; set before any torch work starts the worker threads).
     In-process callers (tests, notebooks) call `main` and keep their own floating-point mode."""
     flush_unless_kept()
     raise SystemExit(main())

@@ -2,7 +2,7 @@
 
 Every config dataclass a user can reach (``--set model.KEY=...``, ``--set task.KEY=...``, TOML
 tables) is built through :func:`settings_from`, so an unknown key or a bad value is a
-:class:`~geoattn.errors.ConfigError` naming the key and listing the valid ones, and
+:class:`~geoattn.core.errors.ConfigError` naming the key and listing the valid ones, and
 :func:`describe_settings` can list every key with its type, default and help.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from geoattn.errors import ConfigError
+from geoattn.core.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
