@@ -358,3 +358,26 @@ def test_gatr_peer_input_errors_are_one_line_and_write_nothing(tmp_path, monkeyp
     assert main(["bench", "train", "--peer", "gatr", "--gatr", str(repo), "--out", str(out)]) == 2
     assert "not --task lm" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_peer_outside_a_source_checkout_is_one_line(tmp_path, capsys):
+    """``--peer`` runs the driver script beside the package's source; where there is none it says so."""
+    out = tmp_path / "b"
+    argv = ["bench", "train", "--peer", "nanogpt", "--peers-scripts", str(tmp_path), "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(tmp_path / "peer_nanogpt.py") in err[0] and "source checkout" in err[0]
+    assert not out.exists()
+
+
+def test_each_driver_says_which_of_our_flags_reach_its_peer():
+    """The drivers' ``flags``: JSON naming the task, the flags that reach the peer and ours only."""
+    import subprocess
+    import sys
+
+    for name, task, reaches in (("nanogpt", "lm", "--max-iters"), ("gatr", "nbody", "--batch-size")):
+        script = bench_train.SCRIPTS / f"peer_{name}.py"
+        done = subprocess.run([sys.executable, str(script), "flags"], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        flags = json.loads(done.stdout)
+        assert flags["task"] == task and reaches in flags["reach"] and "--compile" in flags["ours_only"]

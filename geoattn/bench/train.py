@@ -19,16 +19,22 @@ default ``$GEOATTN_PEERS/nanogpt`` or ``../peers/nanogpt``) on its CPU recipe, w
 × 4 heads × 128, ctx 64, batch 12, 2,000 steps, on the same corpus (``--data`` after ``--``, else
 ``$GEOATTN_CORPUS`` or ``../shared/data/tinyshakespeare.txt``), in turn with our models and timed the
 same way, its row in the same table. Its data comes from its own ``prepare.py``, run once, untimed, in
-``--out``. Which of our flags reach it, and which are refused: :mod:`geoattn.bench.nanogpt`. E.g.::
+``--out``. Which of our flags reach it, and which are refused: ``python benchmarks/peer_nanogpt.py flags``.
+E.g.::
 
     git clone https://github.com/karpathy/nanoGPT ../peers/nanogpt
     geoattn bench train --peer nanogpt --models transformer --repeats 3
 
 ``--peer gatr`` (task nbody) runs GATr's own n-body experiment the same way, on the GATr-format files
 both sides read (``--data`` after ``--``), with the threads our runs take, at the rate GATr's validation
-chose; its row gives its trainer wall too (:mod:`geoattn.bench.gatr`)::
+chose; its row gives its trainer wall too (``benchmarks/peer_gatr.py``)::
 
     geoattn bench train --task nbody --peer gatr --models rotor --repeats 2 -- --data data/nbody-gatr
+
+A peer's driver is a script of the repository, ``benchmarks/peer_NAME.py``, not a module of the package:
+this command reaches it only through its subcommands (``flags``, ``check``, ``plan``, ``prepare``,
+``run``; ``benchmarks/peer_protocol.py``), found in ``--peers-scripts`` (default: the ``benchmarks/``
+folder beside the package's source tree, so ``--peer`` needs a source checkout of geoattn).
 """
 
 from __future__ import annotations
@@ -47,13 +53,16 @@ from pathlib import Path
 
 import torch
 
-from geoattn.bench import gatr, nanogpt
-from geoattn.bench.common import flag_value, git_revision, peers_dir
-from geoattn.core.errors import ConfigError, DataError
+from geoattn.bench.common import flag_value, peers_dir
+from geoattn.core.errors import ConfigError, UserError
 from geoattn.core.formatting import format_table
 
 CACHES = ("warm", "cold")
 PEERS = ("nanogpt", "gatr")
+# the flags naming a peer's checkout and its venv's interpreter (a peer without a venv runs ours)
+CHECKOUT_FLAG = {"nanogpt": "nanogpt", "gatr": "gatr"}
+PYTHON_FLAG = {"gatr": "gatr_python"}
+SCRIPTS = Path(__file__).resolve().parents[2] / "benchmarks"  # beside the package, in a source checkout
 USAGE = (
     "--peer nanogpt also times nanoGPT's own train.py on the same recipe and corpus, each whole process "
     "as a user waits for it: git clone https://github.com/karpathy/nanoGPT ../peers/nanogpt, then "
@@ -77,6 +86,28 @@ class Peer:
     prepare: Callable[[Path], object] | None = None
 
 
+@dataclass
+class PeerScript:
+    """A peer's driver, ``benchmarks/peer_NAME.py``, called through its subcommands with our
+    interpreter; a subcommand that fails gives its one line as a UserError."""
+
+    path: Path
+    checkout: Path
+    python: Path | None
+
+    def call(self, command: str, *options: str, args: list[str] = (), json_out: bool = False):
+        where = ["--checkout", str(self.checkout)] if command != "flags" else []
+        if self.python is not None and command in ("check", "plan", "run"):
+            where += ["--python", str(self.python)]
+        cmd = [sys.executable, str(self.path), command, *where, *options]
+        cmd += ["--", *args] if command in ("plan", "prepare", "run") else []
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            line = (done.stderr.strip().splitlines() or [f"{self.path.name} {command} failed"])[-1]
+            raise UserError(line.removeprefix("error: "))
+        return json.loads(done.stdout) if json_out else None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's flags; arguments after ``--`` go to every `geoattn train` run."""
     parser.epilog = USAGE
@@ -88,12 +119,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--peer",
         choices=PEERS,
-        help="also run a peer's own code on the same recipe and data, in turn with ours: nanoGPT's "
-        "train.py (task lm; --data after --, else $GEOATTN_CORPUS or ../shared/data/tinyshakespeare.txt; "
-        f"our flags after -- that reach it: {', '.join([*nanogpt.MAPPED, '--data'])}; ours only: "
-        f"{', '.join(nanogpt.OURS_ONLY)}) or GATr's n-body experiment (task nbody; -- --data DIR of "
-        f"GATr's files; reach it: {', '.join(gatr.MAPPED)}, --set task.train_size=N; ours only: "
-        f"{', '.join(gatr.OURS_ONLY)}); others are refused",
+        help="also run a peer's own code on the same recipe and data, in turn with ours, through its "
+        "driver benchmarks/peer_NAME.py: nanoGPT's train.py (task lm; --data after --, else "
+        "$GEOATTN_CORPUS or ../shared/data/tinyshakespeare.txt) or GATr's n-body experiment (task nbody; "
+        "-- --data DIR of GATr's files); which of our flags after -- reach it: "
+        "python benchmarks/peer_NAME.py flags; others are refused",
+    )
+    parser.add_argument(
+        "--peers-scripts",
+        help="the folder of the peers' drivers (default: benchmarks/ of the source checkout of geoattn)",
     )
     parser.add_argument(
         "--nanogpt", help="nanoGPT's checkout (default: $GEOATTN_PEERS/nanogpt, else ../peers/nanogpt)"
@@ -115,10 +149,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --repeats must be at least 1, got {args.repeats}", file=sys.stderr)
         return 2
     peer = None
-    if args.peer == "nanogpt":
-        peer, extra = _nanogpt(args, extra)
-    elif args.peer == "gatr":
-        peer, extra = _gatr(args, extra)
+    if args.peer is not None:
+        peer, extra = _peer(args, extra)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="geoattn-bench-train-"))
     if out.exists() and any(out.iterdir()):
         print(f"error: --out {out} is not empty (nothing there is overwritten)", file=sys.stderr)
@@ -163,93 +195,42 @@ def _peers_path(given: str | None, name: str) -> Path:
     return Path(given or Path(peers_dir()) / name).resolve()  # the runs start elsewhere
 
 
-def _nanogpt(args: argparse.Namespace, extra: list[str]) -> tuple[Peer, list[str]]:
-    """``--peer nanogpt``: its checkout, corpus and ``train.py`` arguments, and ``extra`` with the
-    corpus both sides read; a one-line UserError for another task, a missing checkout or corpus, or a
-    flag nanoGPT cannot follow."""
-    from geoattn.tasks.lm.datasets import default_corpus, resolve_data
-
-    if args.task != "lm":
-        raise ConfigError(f"--peer nanogpt trains the lm task's recipe, not --task {args.task}")
-    repo = nanogpt.checkout(_peers_path(args.nanogpt, "nanogpt"))
-    nanogpt.refuse_unmapped(extra)
-    data = flag_value(extra, "--data")
-    corpus = resolve_data(data) if data is not None else default_corpus()
-    if not corpus.is_file():
-        raise ConfigError(f"the corpus {corpus} is missing: pass -- --data FILE or set GEOATTN_CORPUS")
-    corpus = corpus.resolve()
-    values = {f: flag_value(extra, f) for f in nanogpt.MAPPED if flag_value(extra, f) is not None}
-    train_args = nanogpt.recipe_args(values)
-    if data is None:
-        extra = [*extra, "--data", str(corpus)]
-
-    def run_one(run_dir: Path) -> dict[str, float]:
-        cmd = nanogpt.command(repo, train_args, run_dir)
-        return _peer_process("nanoGPT", cmd, run_dir.parent / "nanogpt", run_dir, nanogpt.parse_log)
-
-    def notes(out: Path) -> list[str]:
-        rev = git_revision(repo)
-        cmd = " ".join(nanogpt.command(repo, train_args, out / "nanogpt_R"))
-        return [
-            "final: ours the val loss on the whole val split (val_loss_full); nanoGPT's the val loss it "
-            "estimates on eval_iters batches at its last evaluation (the step shown: it evaluates every "
-            "eval_interval steps from step 0, and trains steps 0 .. max_iters).",
-            f"nanoGPT: cd {out / 'nanogpt'} && {cmd} (checkout {repo}{' at ' + rev if rev else ''}; "
-            f"its data from its prepare.py on {corpus})",
-        ]
-
-    prepare = lambda out: nanogpt.prepare(repo, corpus, out / "nanogpt")  # noqa: E731
-    return Peer("nanoGPT train.py", run_one, notes, prepare), extra
-
-
-def _gatr(args: argparse.Namespace, extra: list[str]) -> tuple[Peer, list[str]]:
-    """``--peer gatr``: GATr's checkout, venv and runner arguments, and ``extra`` with the training
-    set size both sides use; a one-line UserError for another task, a missing checkout, venv or data,
-    or a flag GATr cannot follow."""
-    if args.task != "nbody":
-        raise ConfigError(f"--peer gatr trains GATr's n-body experiment, not --task {args.task}")
-    repo = _peers_path(args.gatr, "gatr")
-    python = Path(args.gatr_python) if args.gatr_python else _peers_path(None, "gatr-venv") / "bin" / "python"
-    gatr.check(repo, python)
+def _peer(args: argparse.Namespace, extra: list[str]) -> tuple[Peer, list[str]]:
+    """``--peer NAME``: its driver, checkout and plan, and ``extra`` with what both sides need added; a
+    one-line UserError outside a source checkout, for another task, a missing checkout, venv or data,
+    or a flag the peer cannot follow."""
+    folder = Path(args.peers_scripts) if args.peers_scripts else SCRIPTS
+    path = folder / f"peer_{args.peer}.py"
+    if not path.is_file():
+        raise ConfigError(
+            f"--peer {args.peer} runs {path}, which is missing: run from a source checkout of geoattn, "
+            "or pass --peers-scripts DIR"
+        )
+    checkout = _peers_path(getattr(args, CHECKOUT_FLAG[args.peer]), args.peer)
+    python = getattr(args, PYTHON_FLAG[args.peer]) if args.peer in PYTHON_FLAG else None
+    script = PeerScript(path, checkout, Path(python) if python else None)
+    flags = script.call("flags", json_out=True)
+    if args.task != flags["task"]:
+        raise ConfigError(f"--peer {args.peer} trains {flags['trains']}, not --task {args.task}")
+    script.call("check")
     # the same threads as our runs, which take torch's default (the cores)
-    runner_args, extra = gatr.runner_args(extra, torch.get_num_threads())
-
-    def run_one(run_dir: Path) -> dict[str, float]:
-        cmd = gatr.command(python, repo, runner_args, run_dir)
-        return _peer_process("GATr", cmd, Path.cwd(), run_dir, lambda text: gatr.parse_metrics(run_dir))
+    threads = ["--threads", str(torch.get_num_threads())]
+    plan: dict[str, list[str]] = {}
 
     def notes(out: Path) -> list[str]:
-        rev = git_revision(repo)
-        cmd = " ".join(gatr.command(python, repo, runner_args, out / "gatr_R"))
-        return [
-            "final: the MSE on the whole val set, both sides (GATr's at the state its early stopping keeps); "
-            "trainer: ours the run's wall_s, GATr's its whole train() (its validation every 1,000 steps "
-            "included); step: GATr's without its validation passes.",
-            f"GATr: {cmd} (checkout {repo}{' at ' + rev if rev else ''}, lr {gatr.LR:g} as chosen in "
-            "experiments/nbody-lr.toml)",
-        ]
+        return plan["notes"]
 
-    return Peer(gatr.ROW, run_one, notes), extra
+    def prepare(out: Path) -> None:
+        plan.update(script.call("plan", *threads, "--out", str(out), args=extra, json_out=True))
+        script.call("prepare", "--out", str(out), args=plan["ours"])
 
+    def run_one(run_dir: Path) -> dict[str, float]:
+        script.call("run", *threads, "--out", str(run_dir), args=plan["ours"])
+        return json.loads(Path(f"{run_dir}.json").read_text())
 
-def _peer_process(
-    name: str, cmd: list[str], cwd: Path, run_dir: Path, parse: Callable[[str], dict[str, float]]
-) -> dict[str, float]:
-    """One timed peer process in ``cwd``, its output in ``<run_dir>.log``: its whole-process wall
-    (``process``, seconds) and what ``parse(output)`` reads from the run; a one-line DataError naming
-    the log if it fails or ``parse`` raises ValueError."""
-    log_path = Path(f"{run_dir}.log")
-    with open(log_path, "w") as log:
-        start = time.perf_counter()
-        code = subprocess.run(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT).returncode
-        process = time.perf_counter() - start
-    text = log_path.read_text()
-    try:
-        if code != 0:
-            raise ValueError((text.strip().splitlines() or ["no output"])[-1])
-        return {"process": process, **parse(text)}
-    except ValueError as err:
-        raise DataError(f"the {name} run failed: {err} (log: {log_path})") from None
+    # planned once before --out exists (its refusals write nothing), again in --out for the notes
+    ours = script.call("plan", *threads, "--out", ".", args=extra, json_out=True)["ours"]
+    return Peer(flags["row"], run_one, notes, prepare), ours
 
 
 def _train(argv: list[str], cache: Path) -> tuple[int, float]:

@@ -1,4 +1,5 @@
-"""nanoGPT's own ``train.py`` as a peer of `geoattn bench train`: its CPU recipe, run from its checkout.
+"""nanoGPT's own ``train.py`` as a peer of `geoattn bench train --peer nanogpt`: its CPU recipe, run
+from its checkout, through the drivers' protocol (``peer_protocol.py``: flags, check, plan, prepare, run).
 
 nanoGPT reads ``data/<dataset>/`` and ``configurator.py`` relative to its working directory, so each
 bench gets a work folder laid out as the checkout is: ``data/shakespeare_char/`` holds a copy of its
@@ -24,8 +25,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from geoattn.bench.common import flag_names
+from peer_protocol import Driver, main, timed_process
+
+from geoattn.bench.common import flag_names, flag_value, git_revision
 from geoattn.core.errors import ConfigError, DataError
+from geoattn.tasks.lm.datasets import default_corpus, resolve_data
 
 DATASET = "shakespeare_char"
 CONFIG = "config/train_shakespeare_char.py"
@@ -119,3 +123,59 @@ def parse_log(text: str) -> dict[str, float]:
         "metric_step": int(step),
         "step": statistics.median(times) if times else float("nan"),
     }
+
+
+def corpus_of(args: list[str]) -> Path:
+    """The corpus both sides read: ``--data`` in ``args``, else ``$GEOATTN_CORPUS`` or the shared one."""
+    data = flag_value(args, "--data")
+    corpus = resolve_data(data) if data is not None else default_corpus()
+    if not corpus.is_file():
+        raise ConfigError(f"the corpus {corpus} is missing: pass -- --data FILE or set GEOATTN_CORPUS")
+    return corpus.resolve()
+
+
+def train_args(args: list[str]) -> list[str]:
+    """``train.py``'s arguments for our ``geoattn train`` arguments ``args``."""
+    return recipe_args({f: flag_value(args, f) for f in MAPPED if flag_value(args, f) is not None})
+
+
+class NanoGPT(Driver):
+    def flags(self) -> dict:
+        reach = {flag: " ".join(make("N")) for flag, make in MAPPED.items()}
+        reach["--data"] = "the corpus its prepare.py encodes"
+        return {
+            "row": "nanoGPT train.py",
+            "task": "lm",
+            "trains": "the lm task's recipe",
+            "reach": reach,
+            "ours_only": list(OURS_ONLY),
+        }
+
+    def check(self, repo: Path, python: Path | None) -> None:
+        checkout(repo)
+
+    def plan(self, repo: Path, python: Path | None, threads: int, out: Path, args: list[str]) -> dict:
+        refuse_unmapped(args)
+        corpus = corpus_of(args)
+        ours = args if flag_value(args, "--data") is not None else [*args, "--data", str(corpus)]
+        rev = git_revision(repo)
+        cmd = " ".join(command(repo, train_args(args), out / "nanogpt_R"))
+        notes = [
+            "final: ours the val loss on the whole val split (val_loss_full); nanoGPT's the val loss it "
+            "estimates on eval_iters batches at its last evaluation (the step shown: it evaluates every "
+            "eval_interval steps from step 0, and trains steps 0 .. max_iters).",
+            f"nanoGPT: cd {out / 'nanogpt'} && {cmd} (checkout {repo}{' at ' + rev if rev else ''}; "
+            f"its data from its prepare.py on {corpus})",
+        ]
+        return {"ours": ours, "notes": notes}
+
+    def prepare(self, repo: Path, out: Path, args: list[str]) -> None:
+        prepare(repo, corpus_of(args), out / "nanogpt")
+
+    def run(self, repo: Path, python: Path | None, threads: int, out: Path, args: list[str]) -> dict:
+        cmd = command(repo, train_args(args), out)
+        return timed_process("nanoGPT", cmd, out.parent / "nanogpt", out, parse_log)
+
+
+if __name__ == "__main__":
+    sys.exit(main(NanoGPT()))

@@ -1,4 +1,5 @@
-"""GATr's own n-body code as a peer of `geoattn bench train --task nbody`: whole runs on the same files.
+"""GATr's own n-body code as a peer of `geoattn bench train --task nbody --peer gatr`: whole runs on the
+same files, through the drivers' protocol (``peer_protocol.py``: flags, check, plan, run).
 
 GATr runs from its checkout in its own venv (``benchmarks/README.md`` sets both up) through
 ``benchmarks/gatr_nbody.py``, which drives GATr's experiment manager with its hydra config: model,
@@ -16,9 +17,12 @@ per step. Any other flag (a width, a depth) would change one side's cost only an
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-from geoattn.bench.common import flag_names, flag_value
+from peer_protocol import Driver, main, timed_process
+
+from geoattn.bench.common import flag_names, flag_value, git_revision, peers_dir
 from geoattn.core.errors import ConfigError
 
 ROW = "GATr (its own code)"
@@ -27,12 +31,11 @@ TRAIN_SIZE = 1000  # GATr's budget: the first 1,000 samples of train.npz
 MAPPED = {"--max-iters": "--steps", "--batch-size": "--batch-size", "--seed": "--seed", "--data": "--data"}
 OURS_ONLY = ("--compile", "--no-plots", "--lr", "--min-lr", "--lr-schedule", "--warmup-iters")
 SETS = ("train", "val", "eval", "e3_generalization", "object_generalization")
-RUNNER = Path(__file__).resolve().parents[2] / "benchmarks" / "gatr_nbody.py"
+RUNNER = Path(__file__).resolve().parent / "gatr_nbody.py"
 
 
 def check(repo: Path, python: Path) -> None:
-    """A one-line ConfigError unless ``repo`` is a GATr checkout, ``python`` an interpreter and the
-    runner (``benchmarks/gatr_nbody.py``, in this source tree) exists."""
+    """A one-line ConfigError unless ``repo`` is a GATr checkout and ``python`` an interpreter."""
     if (
         not (repo / "gatr" / "experiments" / "nbody").is_dir()
         or not (repo / "config" / "nbody.yaml").is_file()
@@ -46,8 +49,6 @@ def check(repo: Path, python: Path) -> None:
         raise ConfigError(
             f"no GATr venv interpreter at {python}: see benchmarks/README.md, or pass --gatr-python"
         )
-    if not RUNNER.is_file():
-        raise ConfigError(f"--peer gatr needs a source checkout of geoattn: {RUNNER} is missing")
 
 
 def set_values(argv: list[str]) -> list[str]:
@@ -109,3 +110,45 @@ def parse_metrics(run_dir: Path) -> dict[str, float]:
         raise ValueError(f"no {path}")
     metrics = json.loads(path.read_text())
     return {"wall": metrics["wall_s"], "step": metrics["s_per_step"], "metric": metrics["val_mse_full"]}
+
+
+def venv_python(python: Path | None) -> Path:
+    """GATr's venv interpreter: ``python`` if given, else ``$GEOATTN_PEERS/gatr-venv/bin/python``."""
+    return python or (Path(peers_dir()) / "gatr-venv" / "bin" / "python").resolve()
+
+
+class GATr(Driver):
+    def flags(self) -> dict:
+        reach = {**MAPPED, "--set task.train_size=N": "--train-size N"}
+        return {
+            "row": ROW,
+            "task": "nbody",
+            "trains": "GATr's n-body experiment",
+            "reach": reach,
+            "ours_only": list(OURS_ONLY),
+        }
+
+    def check(self, repo: Path, python: Path | None) -> None:
+        check(repo, venv_python(python))
+
+    def plan(self, repo: Path, python: Path | None, threads: int, out: Path, args: list[str]) -> dict:
+        gatr_args, ours = runner_args(args, threads)
+        rev = git_revision(repo)
+        cmd = " ".join(command(venv_python(python), repo, gatr_args, out / "gatr_R"))
+        notes = [
+            "final: the MSE on the whole val set, both sides (GATr's at the state its early stopping keeps); "
+            "trainer: ours the run's wall_s, GATr's its whole train() (its validation every 1,000 steps "
+            "included); step: GATr's without its validation passes.",
+            f"GATr: {cmd} (checkout {repo}{' at ' + rev if rev else ''}, lr {LR:g} as chosen in "
+            "experiments/nbody-lr.toml)",
+        ]
+        return {"ours": ours, "notes": notes}
+
+    def run(self, repo: Path, python: Path | None, threads: int, out: Path, args: list[str]) -> dict:
+        gatr_args, _ = runner_args(args, threads)
+        cmd = command(venv_python(python), repo, gatr_args, out)
+        return timed_process("GATr", cmd, Path.cwd(), out, lambda text: parse_metrics(out))
+
+
+if __name__ == "__main__":
+    sys.exit(main(GATr()))
