@@ -192,7 +192,7 @@ def test_one_cache_folder_for_the_native_builds_and_the_tasks(monkeypatch, tmp_p
     """The native builds and the tasks' files resolve the cache folder through one function."""
     from geoattn import native
     from geoattn.core.cache import cache_dir
-    from geoattn.tasks.cache import cache_dir as tasks_cache_dir
+    from geoattn.tasks.lm import datasets
 
     monkeypatch.delenv("GEOATTN_CACHE", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
@@ -204,6 +204,6 @@ def test_one_cache_folder_for_the_native_builds_and_the_tasks(monkeypatch, tmp_p
         "XDG_CACHE_HOME": tmp_path / "set" / "geoattn",
         None: tmp_path / "home" / ".cache" / "geoattn",
     }[variable]
-    assert cache_dir() == tasks_cache_dir() == expected
+    assert cache_dir() == expected
     assert native.cache_root() == expected / "native"
-    assert tasks_cache_dir is cache_dir
+    assert datasets.cache_dir is cache_dir

@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from geoattn.core.cache import cache_dir
 from geoattn.core.errors import ConfigError
 from geoattn.models.base import TaskModel
 from geoattn.tasks.base import ModelRow, Task
-from geoattn.tasks.cache import cache_dir
 from geoattn.tasks.filter import estimators
 from geoattn.tasks.filter.models import FILTER_TABLE
 from geoattn.tasks.filter.simulator import SPLIT_SEEDS, FilterConfig, FilterSample, simulate

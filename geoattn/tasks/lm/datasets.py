@@ -15,8 +15,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from geoattn.core.cache import cache_dir
 from geoattn.core.errors import ConfigError, DataError
-from geoattn.tasks.cache import cache_dir
 
 
 @dataclass(frozen=True)

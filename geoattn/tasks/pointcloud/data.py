@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from geoattn.core.cache import cache_dir
 from geoattn.core.errors import DataError
 from geoattn.core.extras import require
-from geoattn.tasks.cache import cache_dir
 
 SPLITS_READ = ("train", "test")
 SAMPLINGS = ("random", "fps")

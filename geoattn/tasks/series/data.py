@@ -45,9 +45,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from geoattn.core.cache import cache_dir
 from geoattn.core.errors import ConfigError, DataError
 from geoattn.core.extras import check_installed, require
-from geoattn.tasks.cache import cache_dir
 
 EXTRA = "series"
 SPLITS = ("train", "test")
