@@ -9,6 +9,7 @@ top of a file.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -151,6 +152,27 @@ def test_every_top_level_part_has_a_layer():
     parts.discard("__init__")
     assert parts - set(LAYERS) == set(), "give each a row of LAYERS (and of docs/layout.md)"
     assert set(LAYERS) - parts == set(), "LAYERS names a part the package no longer has"
+
+
+def layout_table(text: str) -> dict[str, int]:
+    """Part → layer as docs/layout.md's table draws them (`cli/` and `cli` alike)."""
+    drawn: dict[str, int] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit():
+            for part in re.findall(r"`([^`]+)`", cells[1]):
+                drawn[part.removesuffix("/").removesuffix(".py")] = int(cells[0])
+    return drawn
+
+
+def test_the_layout_page_draws_the_layers_as_the_code_has_them():
+    assert layout_table((ROOT / "docs" / "layout.md").read_text()) == LAYERS
+
+
+def test_the_layout_check_catches_a_part_on_the_wrong_layer():
+    text = "| layer | parts |\n| --- | --- |\n| 3 | `rt/`, `attention/` |\n| 2 | `algebra/` |\n"
+    assert layout_table(text) == {"rt": 3, "attention": 3, "algebra": 2}
+    assert layout_table(text.replace("| 2 |", "| 4 |"))["algebra"] == 4
 
 
 def test_no_loose_modules_at_the_top():
