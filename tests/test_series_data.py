@@ -134,6 +134,36 @@ def test_bundled_sets_come_from_the_package_and_exclude_regression():
         SeriesConfig(dataset="NoSuchSet")
 
 
+def plant_aeon(root: Path, name: str = "Toyaeon") -> Path:
+    """A package ``aeon`` under ``root`` laid out as aeon ships its sets (``aeon/datasets/data/NAME/``,
+    the pair written by sktime's ``.ts`` writer) with its distribution's metadata."""
+    data = root / "aeon" / "datasets" / "data"
+    data.mkdir(parents=True)
+    (root / "aeon" / "__init__.py").write_text("")
+    (root / "aeon" / "datasets" / "__init__.py").write_text("")
+    dist = root / "aeon-0.0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: aeon\nVersion: 0.0.1\n")
+    for fold, seed, n in (("_TRAIN", 0, 8), ("_TEST", 1, 4)):
+        write_ts(data, name, fold, *toy_arrays(seed, n))
+    return data / name
+
+
+def test_sets_bundled_with_aeon_are_found_by_name_and_train(monkeypatch, tmp_path):
+    monkeypatch.setenv("GEOATTN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    folder = plant_aeon(tmp_path / "site")
+    sets = bundled_sets()
+    assert sets["Toyaeon"] == ("aeon", folder)
+    assert sets["JapaneseVowels"][0] == "sktime"  # sktime's copy wins a name both ship
+    assert SeriesConfig(dataset="toyaeon").dataset == "Toyaeon"
+    out = tmp_path / "run"
+    argv = ["train", "--task", "series", "--model", "rt", "--set", "task.dataset=Toyaeon", *TINY]
+    assert main([*argv, "--set", "task.val_fraction=0.25", "--out", str(out)]) == 0
+    assert (out / "model.safetensors").is_file()
+    assert list((tmp_path / "cache" / "series").glob("Toyaeon-aeon0.0.1-*.npz"))
+
+
 # ----------------------------------------------------------------------------- .ts -------------------
 def test_ts_pair_is_read_by_sktime_with_missing_values_masked(ts_pair):
     data = read_data(ts_pair)
