@@ -57,3 +57,18 @@ def test_every_task_derives_its_models_from_one_table(name):
     assert cls.compile_wins == {m for m, row in cls.table.items() if row.compiles}
     for model, row in cls.table.items():
         assert cls.model_settings(model) == (row.config, row.fixed)
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_a_run_that_names_no_model_gets_its_tasks_first_row(name):
+    """``geoattn train --task T`` without ``--model`` runs a model the task has (molecule: rotor,
+    series: rt), and its recipe; a named model still wins."""
+    from geoattn.training.recipes import build_config
+
+    cls = task_class(name)
+    assert cls.default_model == next(iter(cls.table))
+    config = build_config({"task": name})
+    assert config.model == cls.default_model and config.model in cls.models
+    assert config.lr == cls.recipes.get(cls.default_model, {}).get("lr", config.lr)
+    other = list(cls.models)[-1]
+    assert build_config({"task": name}, {"model": other}).model == other

@@ -100,6 +100,8 @@ class Task(ABC):
     models: ClassVar[dict[str, str]] = {}
     recipes: ClassVar[dict[str, dict[str, Any]]] = {}
     compile_wins: ClassVar[frozenset[str]] = frozenset()
+    # the model a run gets when it names none: the table's first row
+    default_model: ClassVar[str] = "transformer"
     # the sets this run may not read (see :meth:`readable`); set by the trainer on an exploratory run
     sealed: frozenset[str] = frozenset()
 
@@ -111,6 +113,7 @@ class Task(ABC):
                 name: row.recipe.settings for name, row in cls.table.items() if row.recipe.settings
             }
             cls.compile_wins = frozenset(name for name, row in cls.table.items() if row.compiles)
+            cls.default_model = next(iter(cls.table))
 
     def readable(self, name: str) -> bool:
         """Whether this run may read set ``name`` (an exploratory experiment seals the test sets: a

@@ -77,6 +77,9 @@ def build_config(*layers: dict[str, Any]) -> TrainConfig:
         given = [layer[key] for layer in layers if key in layer]
         return given[-1] if given else TrainConfig.__dataclass_fields__[key].default
 
+    if not any("model" in layer for layer in layers):  # no --model: the task's own first choice
+        layers = ({"model": task_class(named("task")).default_model}, *layers)
+
     base = _followed(named("task"), named("model"), recipe(named("task"), named("model")), layers)
     scaled = [k for k in ("warmup_iters", "hold_iters") if not any(k in layer for layer in layers)]
     if base.get("hold_iters") and scaled:

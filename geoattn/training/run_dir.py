@@ -295,8 +295,10 @@ class RunDirectory:
                 f"interrupted at iter {result['iter']}: checkpoint saved in {self.path}; "
                 f"continue with: geoattn train --out {self.path} --resume"
             )
+        # the last evaluation's estimates and the full-set metrics can share names: keep them apart
         full = "  ".join(f"{k} {v:.4g}" for k, v in result.get("final", {}).items())
-        lines = [f"{summary_line(result)}  {full}  ({result['wall_s']:.1f} s)".replace("    ", "  ")]
+        full = f"  | full sets: {full}" if full else ""
+        lines = [f"{summary_line(result)}{full}  ({result['wall_s']:.1f} s)".replace("    ", "  ")]
         names = [n for n in self.FILES if self.file(n).exists() and not n.endswith(".png")]
         lines.append(f"wrote {self.path}/: {' '.join(names + [p.name for p in written])}")
         return "\n".join(lines)
