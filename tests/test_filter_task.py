@@ -193,6 +193,7 @@ def test_simulate_uses_only_the_generator(task):
         ({"seq_len": 1}, "seq_len"),
         ({"n_particles": 1}, "n_particles"),
         ({"beta": 0.0}, "beta"),
+        ({"pool_seed": -1}, "pool_seed"),
     ],
 )
 def test_bad_config_values_raise(options, match):

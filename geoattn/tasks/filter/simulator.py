@@ -3,8 +3,10 @@ measurements.
 
 Sequences come from :class:`geoattn.rt.RTSDE` (eq. 3), generated on the fly from the trainer's
 generator for ``train`` and from fixed seeds for ``val`` and ``eval`` (a pool of sequences drawn
-once, from which batches are sampled), so every evaluation sees the same data. The learned models
-are compared with reference estimators on the same pool (:meth:`FilterTask.baselines`).
+once, from which batches are sampled), so every evaluation sees the same data. ``eval`` is the
+held-out pool (an exploratory run seals it); ``FilterConfig.pool_seed`` draws both pools afresh.
+The learned models are compared with reference estimators on the same pool
+(:meth:`FilterTask.baselines`).
 
 A batch is ``x`` ``(B, T, D + 1)``: the measurements ``z`` in the first ``D`` channels and the
 observation times in the last; ``y`` ``(B, T, D)``: the true unit directions ``u(t_i)``.
@@ -12,6 +14,7 @@ observation times in the last; ``y`` ``(B, T, D)``: the true unit directions ``u
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +27,16 @@ from geoattn.core.errors import ConfigError
 from geoattn.rt.sde import RTSDE
 
 SPLIT_SEEDS = {"val": 1_000_003, "eval": 2_000_003}
+
+
+def split_seed(split: str, pool_seed: int = 0) -> int:
+    """The seed of the fixed pool ``split`` (``val`` or ``eval``) under ``pool_seed``: 0 gives
+    ``SPLIT_SEEDS[split]``, any other value a seed hashed from ``(split, pool_seed)`` (63 bits),
+    so the two splits of one pool seed, and any two pool seeds, draw different pools."""
+    if pool_seed == 0:
+        return SPLIT_SEEDS[split]
+    digest = hashlib.sha256(f"filter/{split}/{pool_seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 @dataclass
@@ -66,6 +79,9 @@ class FilterConfig:
         m0_range: initial magnitudes, log-uniform. gain_ratio: ρ ≥ 1 (1: no gains).
         dt_range: observation intervals, uniform. max_step: Euler–Maruyama step of the simulator.
         val_size, eval_size: sequences in the fixed val / eval pools.
+        pool_seed: which val and eval pools (and particle-filter draws): 0 the fixed ``SPLIT_SEEDS``
+            (every result measured so far), any other value fresh pools from seeds derived from it,
+            one per split (:func:`split_seed`): data no earlier run has read, for a confirmation.
         beta: β of the closed-form RT-Filter baseline. n_particles: particle-filter size.
         particle_sizes: further particle-filter sizes for the convergence check (baselines
             ``particle_N``; the largest, an estimate of the best attainable error that still falls
@@ -87,6 +103,7 @@ class FilterConfig:
     max_step: float = 0.25
     val_size: int = 256
     eval_size: int = 256
+    pool_seed: int = 0
     beta: float = 0.05
     n_particles: int = 1000
     particle_sizes: tuple[int, ...] = ()
@@ -100,10 +117,11 @@ class FilterConfig:
         self.dt_range = _pair("dt_range", self.dt_range)
         if not isinstance(self.dim, int) or self.dim < 2 or self.dim % 2:
             raise ConfigError(f"FilterConfig.dim must be an even integer ≥ 2, got {self.dim!r}")
-        for name, least in (("seq_len", 2), ("val_size", 1), ("eval_size", 1), ("n_particles", 2)):
+        least = {"seq_len": 2, "val_size": 1, "eval_size": 1, "n_particles": 2, "pool_seed": 0}
+        for name, low in least.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or value < least:
-                raise ConfigError(f"FilterConfig.{name} must be an integer ≥ {least}, got {value!r}")
+            if not isinstance(value, int) or value < low:
+                raise ConfigError(f"FilterConfig.{name} must be an integer ≥ {low}, got {value!r}")
         for name in ("mu_r", "mu_t", "sigma_r", "sigma_t"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"FilterConfig.{name} must be ≥ 0, got {getattr(self, name)}")
