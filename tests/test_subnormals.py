@@ -88,3 +88,18 @@ def test_the_path_and_the_values_do_not_depend_on_the_flush_mode(structure):
         for g, e in zip(grads, expected_grads):
             torch.testing.assert_close(g.double(), e, rtol=1e-3, atol=1e-3, msg=f"flushed={flushed}")
     assert chosen[0] == chosen[1]
+
+
+def test_numpy_reads_its_float_limits_without_a_warning_after_the_program_flushes():
+    """NumPy measures its float limits on first use; under a flushed mode some versions warn that the
+    smallest subnormal is zero (in every report and run log): the program measures them first. (The
+    value is checked by its bits: under the flushed mode a conversion to a Python float reads zero.)"""
+    code = _CONSOLE + (
+        "import numpy as np, scipy.stats\n"
+        "types = (np.float16, np.float32, np.float64)\n"
+        "print([any(np.finfo(t).smallest_subnormal.tobytes()) for t in types])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != subnormals.KEEP_ENV}
+    out = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr.strip().splitlines()[-1:]
+    assert out.stdout.strip() == "[True, True, True]"

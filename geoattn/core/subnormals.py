@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 KEEP_ENV = "GEOATTN_KEEP_SUBNORMALS"
@@ -35,6 +36,10 @@ def flush_subnormals() -> bool:
     ``geoattn`` command does) so that PyTorch's worker threads inherit it.
     """
     global _flushed
+    # NumPy computes (and caches) its float limits on first use; measured with subnormals flushed it
+    # warns that the smallest subnormal is zero, once per type: measure them before flushing
+    for dtype in (np.float16, np.float32, np.float64):
+        _ = np.finfo(dtype).smallest_subnormal
     _flushed = torch.set_flush_denormal(True)
     return _flushed
 
