@@ -20,12 +20,13 @@ from torch import nn
 
 from geoattn.core.compile import own_code
 
-# The two estimates of the default's rule (compile_choice), measured on the 2-core AMD EPYC of
-# BENCHMARKS.md with `geoattn bench train --cache cold`: a first run's compile of the rt model
-# (whole-model compilation; benchmarks/first_run.sh measures a block's) and the fraction of an eager
-# step that the compiled rt step saves (2,000 steps: 162 s eager, 136 s compiled on a warm cache).
-COMPILE_COST_S = 45.0
-COMPILE_SAVING = 0.15
+# The two estimates of the default's rule (compile_choice), measured with the blocks compiled one at
+# a time (regional compilation) on a 2-core Intel Xeon, AVX-512 (BENCHMARKS.md): the first compiled
+# step of the rt model from an empty inductor cache (17.7 s; rounded up, as a first run also pays
+# dynamo's start) and the share of an eager rt step the compiled one saves at the LM's recipe (29 % at
+# T = 64, 25 % at T = 256; the smaller kept). `geoattn bench lm --models rt --compile both` remeasures.
+COMPILE_COST_S = 20.0
+COMPILE_SAVING = 0.25
 MEASURED_STEPS = 2  # eager steps timed at a run's start (after one untimed) for the rule
 
 
