@@ -20,13 +20,14 @@ from torch import nn
 
 from geoattn.core.compile import own_code
 
-# The two estimates of the default's rule (compile_choice), measured with the blocks compiled one at
-# a time (regional compilation) on a 2-core Intel Xeon, AVX-512 (BENCHMARKS.md): the first compiled
-# step of the rt model from an empty inductor cache (17.7 s; rounded up, as a first run also pays
-# dynamo's start) and the share of an eager rt step the compiled one saves at the LM's recipe (29 % at
-# T = 64, 25 % at T = 256; the smaller kept). `geoattn bench lm --models rt --compile both` remeasures.
-COMPILE_COST_S = 20.0
-COMPILE_SAVING = 0.25
+# The two estimates of the default's rule (compile_choice). The compile's cost is what a whole run
+# pays, not its first step: on a 2-core Intel Xeon (AVX-512) the rt model's first compiled step from an
+# empty inductor cache took 17.7 s in `geoattn bench lm`, but a whole run from an empty cache took
+# 122.5 s compiled against 103.0 s eager (`geoattn bench train --cache cold`; its compiled step saves
+# 29 % at T = 64, 25 % at T = 256), so the run paid about 45 s, as measured before on a 2-core AMD EPYC
+# (2,000 steps: 162 s eager, 136 s compiled on a warm cache). The saving kept is the AMD's, the lower.
+COMPILE_COST_S = 45.0
+COMPILE_SAVING = 0.15
 MEASURED_STEPS = 2  # eager steps timed at a run's start (after one untimed) for the rule
 
 
