@@ -96,6 +96,9 @@ class PeerScript:
     python: Path | None
 
     def call(self, command: str, *options: str, args: list[str] = (), json_out: bool = False):
+        """Run the driver's ``command`` (``flags``, ``check``, ``plan``, ``prepare``, ``run``) with the
+        checkout (and the peer's interpreter where it needs one), ``options``, and ``args`` after
+        ``--``; its parsed JSON with ``json_out``, else None. A failure is its last line, a UserError."""
         where = ["--checkout", str(self.checkout)] if command != "flags" else []
         if self.python is not None and command in ("check", "plan", "run"):
             where += ["--python", str(self.python)]
