@@ -101,7 +101,7 @@ def test_bad_or_missing_files_name_the_file(tmp_path):
 
 
 def test_the_command_line_error_is_one_line(tmp_path):
-    command = [sys.executable, "-m", "geoattn.cli", "train", "--task", "nbody", "--model", "egnn"]
+    command = [sys.executable, "-m", "geoattn", "train", "--task", "nbody", "--model", "egnn"]
     command += [
         "--set",
         "task.system=charged",
