@@ -20,15 +20,14 @@ from torch import nn
 
 from geoattn.core.compile import own_code
 
-# The two estimates of the default's rule (compile_choice). The compile's cost is what a whole run
-# pays, not its first step: on a 2-core Intel Xeon (AVX-512) the rt model's first compiled step from an
-# empty inductor cache took 17.7 s in `geoattn bench lm`, but a whole run from an empty cache took
-# 122.5 s compiled against 103.0 s eager (`geoattn bench train --cache cold`; its compiled step saves
-# 29 % at T = 64, 25 % at T = 256), so the run paid about 45 s, as measured before on a 2-core AMD EPYC
-# (2,000 steps: 162 s eager, 136 s compiled on a warm cache). The saving kept is the AMD's, the lower.
-COMPILE_COST_S = 45.0
-COMPILE_SAVING = 0.15
-MEASURED_STEPS = 2  # eager steps timed at a run's start (after one untimed) for the rule
+# The two estimates of the default's rule (compile_choice), measured with the blocks compiled one at
+# a time on a 2-core Intel Xeon (AVX-512), whole runs from fresh processes (`geoattn bench train --cache
+# cold -- --compile true`, BENCHMARKS.md): the rt model's first compiled step from an empty inductor
+# cache, 18.3 s (17.7 s in `geoattn bench lm`), and the share of its eager step the compiled one saves,
+# 24 % (33.4 against 43.9 ms; 29 % / 25 % at T = 64 / 256 in `geoattn bench lm --compile both`).
+COMPILE_COST_S = 18.0
+COMPILE_SAVING = 0.24
+MEASURED_STEPS = 5  # eager steps timed at a run's start (after one untimed), their median for the rule
 
 
 def compile_regions(module: nn.Module, active: Callable[[], bool]) -> list[nn.Module]:
